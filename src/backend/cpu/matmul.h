@@ -1,0 +1,38 @@
+// Matrix multiplication with a weight matrix stored in any supported GGML type.
+//   y[n, rows] = x[n, cols] · W[rows, cols]ᵀ
+// W is row-major: row r is `cols` elements of `type` (ggml ne = {cols, rows}).
+// Quantized weights are multiplied block by block (activations quantized to 8 bits where the
+// type calls for it); the matrix is never expanded to floats as a whole.
+// Each weight row is read once for all n rows of x, so a pass over 8 tokens costs little more
+// than a pass over 1 (speculative verification depends on this).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/ggml_type.h"
+
+namespace specdec {
+
+class ThreadPool;
+
+struct WeightMatrix {
+  GgmlType type = GgmlType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;       // output features
+  int64_t cols = 0;       // input features; a multiple of the type's block size
+  int64_t row_bytes = 0;  // ggml_row_bytes(type, cols)
+};
+
+// x: [n, cols] row-major float; y: [n, rows] row-major float. n == 0 is a no-op.
+// pool may be null (single thread). Dispatches on active_isa().
+void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
+
+// The same with an explicit variant (tests compare each with kScalar, the reference).
+void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y,
+                ThreadPool* pool);
+
+// Row `row` of W as floats: out[cols]. Used for embedding lookup.
+void dequantize_row(const WeightMatrix& w, int64_t row, float* out);
+
+}  // namespace specdec

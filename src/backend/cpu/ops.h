@@ -1,0 +1,65 @@
+// Element-wise and attention ops of the transformer forward pass, on float32 buffers.
+// Each op has a scalar reference (`*_ref` in ops_ref.cpp) and SIMD variants chosen at run time;
+// the conformance test compares every variant with the reference.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cpu/cpu_features.h"
+
+namespace specdec {
+
+class ThreadPool;
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight[:]    x, y: [n_rows, dim]; may alias.
+void rmsnorm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
+             float* y);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).  n elements; out may alias.
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+
+// In place: x[i] = exp(x[i] - max) / Σ.  n >= 1.
+void softmax(float* x, int64_t n);
+
+enum class RopeStyle {
+  kNorm,  // rotate adjacent pairs (x[2i], x[2i+1]): GGUF `llama` (q/k weights permuted)
+  kNeox,  // rotate halves (x[i], x[i + rope_dim/2])
+};
+
+// In place on x: [n_tokens, n_heads, head_dim]; token t is at position positions[t].
+// The first rope_dim dims of each head rotate with theta_i = pos * freq_scale *
+// freq_base^(-2i/rope_dim); the rest pass through.
+void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int head_dim,
+          int rope_dim, float freq_base, float freq_scale, RopeStyle style);
+
+// Attention of n_new query tokens over a sequence's KV rows [0, n_past + n_new):
+//   q:   [n_new, n_heads, head_dim]
+//   k,v: [n_past + n_new, n_kv_heads, head_dim] (row j of the cache = token slot j; the new
+//        tokens' K/V are already written at slots n_past ..)
+//   mask: [n_new, n_new] row-major, mask[i * n_new + j] != 0 if new token i may attend to new
+//        token j; nullptr means causal (j <= i). Every query sees all n_past cached slots.
+//   out: [n_new, n_heads, head_dim]
+// GQA: query head h reads KV head h / (n_heads / n_kv_heads). scale usually 1/sqrt(head_dim).
+struct AttentionShape {
+  int64_t n_past = 0;
+  int64_t n_new = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.0f;
+};
+void attention(const AttentionShape& s, const float* q, const float* k, const float* v,
+               const uint8_t* mask, float* out, ThreadPool* pool);
+
+// Index of the largest value (first one on ties). n >= 1.
+int64_t argmax(const float* x, int64_t n);
+
+// Explicit-variant entry points for the conformance test.
+void rmsnorm_isa(Isa isa, const float* x, const float* weight, float eps, int64_t n_rows,
+                 int64_t dim, float* y);
+void swiglu_isa(Isa isa, const float* gate, const float* up, int64_t n, float* out);
+void softmax_isa(Isa isa, float* x, int64_t n);
+void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k,
+                   const float* v, const uint8_t* mask, float* out, ThreadPool* pool);
+
+}  // namespace specdec

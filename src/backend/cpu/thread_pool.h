@@ -1,0 +1,48 @@
+// A fixed pool of worker threads for data-parallel kernels. The calling thread takes part as
+// thread 0, so ThreadPool(1) runs everything inline. Workers spin briefly between jobs (a decode
+// step launches a few hundred small jobs) and then sleep. run() does not allocate.
+#pragma once
+
+#include <cstdint>
+
+namespace specdec {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);  // num_threads >= 1, caller included
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return num_threads_; }
+
+  // Calls fn(ctx, thread_index, num_threads) once on every thread and returns when all are done.
+  void run(void (*fn)(void* ctx, int thread_index, int num_threads), void* ctx);
+
+  // Calls body(thread_index, num_threads) on every thread.
+  template <class F>
+  void run(F&& body) {
+    run([](void* ctx, int ti, int nt) { (*static_cast<F*>(ctx))(ti, nt); },
+        const_cast<void*>(static_cast<const void*>(&body)));
+  }
+
+  // Splits [0, n) into contiguous chunks (multiples of `grain`) and calls body(begin, end).
+  template <class F>
+  void parallel_for(int64_t n, int64_t grain, F&& body) {
+    if (n <= 0) return;
+    run([&](int ti, int nt) {
+      const int64_t units = (n + grain - 1) / grain;
+      const int64_t begin = units * ti / nt * grain;
+      int64_t end = units * (ti + 1) / nt * grain;
+      if (end > n) end = n;
+      if (begin < end) body(begin, end);
+    });
+  }
+
+ private:
+  struct Shared;
+  int num_threads_;
+  Shared* shared_;
+};
+
+}  // namespace specdec

@@ -1,0 +1,37 @@
+#include "common/test_paths.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace specdec::test {
+
+std::string shared_dir() {
+  if (const char* env = std::getenv("SPECDEC_SHARED_DIR"); env && *env) return env;
+  return SPECDEC_SHARED_DIR;
+}
+std::string tiny_model(const char* name) { return shared_dir() + "/models/tiny/" + name; }
+std::string golden_file(const char* name) { return shared_dir() + "/golden/" + name; }
+std::string fixture_dir() { return shared_dir() + "/tokenizer-fixtures"; }
+
+std::string cache_dir() {
+  if (const char* env = std::getenv("SPECDEC_CACHE"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/root") + "/.cache/specdec";
+}
+std::string default_model_path() { return cache_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace specdec::test

@@ -1,0 +1,18 @@
+// Where the tests find their data: ../shared (SPECDEC_SHARED_DIR at configure time, or the
+// environment variable of the same name) and the default model in the setup cache.
+#pragma once
+
+#include <string>
+
+namespace specdec::test {
+
+std::string shared_dir();                 // .../shared
+std::string tiny_model(const char* name);  // shared/models/tiny/<name>
+std::string golden_file(const char* name);  // shared/golden/<name>
+std::string fixture_dir();                // shared/tokenizer-fixtures
+std::string cache_dir();                  // $SPECDEC_CACHE or ~/.cache/specdec
+std::string default_model_path();         // cache_dir()/SmolLM2-135M-Instruct.Q4_1.gguf
+bool file_exists(const std::string& path);
+std::string read_file(const std::string& path);
+
+}  // namespace specdec::test
