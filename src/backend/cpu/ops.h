@@ -62,4 +62,26 @@ void softmax_isa(Isa isa, float* x, int64_t n);
 void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k,
                    const float* v, const uint8_t* mask, float* out, ThreadPool* pool);
 
+// Per-variant kernels behind the entry points above: ops.cpp dispatches on the Isa to one of
+// these tables (ops_ref.cpp, ops_avx2.cpp, ops_avx512.cpp) and owns the attention driver
+// (threading, masks, scratch); the tables hold only the inner loops. Not for other callers.
+struct OpsKernels {
+  void (*rmsnorm)(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
+                  float* y);
+  void (*swiglu)(const float* gate, const float* up, int64_t n, float* out);
+  // x[i] = exp(x[i] - max(x)) in place; returns Σ x[i] (>= 1). n >= 1.
+  float (*exp_shifted_sum)(float* x, int64_t n);
+  // x[i] *= a.
+  void (*scale)(float* x, int64_t n, float a);
+  // s[r * ld_s + j] = scale * <q[r], k[j * k_stride ..]>   q: [n_q, head_dim], j < n_rows.
+  void (*attn_scores)(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
+                      int head_dim, float scale, float* s, int64_t ld_s);
+  // out[r] += Σ_j p[r * ld_p + j] * v[j * v_stride ..]   out: [n_q, head_dim], j < n_rows.
+  void (*attn_accumulate)(const float* p, int64_t ld_p, int n_q, const float* v,
+                          int64_t v_stride, int64_t n_rows, int head_dim, float* out);
+};
+const OpsKernels& ops_kernels_ref();
+const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)
+const OpsKernels& ops_kernels_avx512();  // only call where isa_supported(Isa::kAvx512)
+
 }  // namespace specdec

@@ -1,0 +1,126 @@
+// Scalar reference kernels of the element-wise and attention ops (the OpsKernels table for
+// Isa::kScalar), plus rope and argmax, which have only this variant: rope costs
+// n_heads * rope_dim / 2 rotations per token and argmax one pass over the vocabulary per
+// sampled row, both negligible beside the matmuls, so SIMD variants would not pay.
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cpu/ops.h"
+#include "util/check.h"
+
+namespace specdec {
+namespace {
+
+// Sums of squares accumulate in double so the reference is accurate to a float rounding.
+void rmsnorm_ref(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
+                 float* y) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * dim;  // [dim]
+    float* yr = y + r * dim;        // [dim]
+    double sum_sq = 0.0;
+    for (int64_t i = 0; i < dim; ++i) sum_sq += static_cast<double>(xr[i]) * xr[i];
+    const float inv_rms =
+        static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv_rms * weight[i];
+  }
+}
+
+void swiglu_ref(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+float exp_shifted_sum_ref(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  return static_cast<float>(sum);
+}
+
+void scale_ref(float* x, int64_t n, float a) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+void attn_scores_ref(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
+                     int head_dim, float scale, float* s, int64_t ld_s) {
+  for (int r = 0; r < n_q; ++r) {
+    const float* qr = q + static_cast<int64_t>(r) * head_dim;  // [head_dim]
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const float* kj = k + j * k_stride;  // [head_dim]
+      float dot = 0.0f;
+      for (int d = 0; d < head_dim; ++d) dot += qr[d] * kj[d];
+      s[r * ld_s + j] = scale * dot;
+    }
+  }
+}
+
+void attn_accumulate_ref(const float* p, int64_t ld_p, int n_q, const float* v,
+                         int64_t v_stride, int64_t n_rows, int head_dim, float* out) {
+  for (int r = 0; r < n_q; ++r) {
+    float* out_r = out + static_cast<int64_t>(r) * head_dim;  // [head_dim]
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const float pj = p[r * ld_p + j];
+      const float* vj = v + j * v_stride;  // [head_dim]
+      for (int d = 0; d < head_dim; ++d) out_r[d] += pj * vj[d];
+    }
+  }
+}
+
+}  // namespace
+
+const OpsKernels& ops_kernels_ref() {
+  static const OpsKernels kernels = {
+      rmsnorm_ref,         swiglu_ref,      exp_shifted_sum_ref, scale_ref,
+      attn_scores_ref,     attn_accumulate_ref,
+  };
+  return kernels;
+}
+
+// theta_i = pos * freq_scale * freq_base^(-2i/rope_dim), in float as llama.cpp does. The angle
+// of each pair is computed once per token and applied to every head.
+void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int head_dim,
+          int rope_dim, float freq_base, float freq_scale, RopeStyle style) {
+  SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
+                "rope: rope_dim must be even and in (0, head_dim]");
+  const int n_pairs = rope_dim / 2;
+  // Style kNorm rotates (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + rope_dim/2]).
+  const int first_stride = style == RopeStyle::kNorm ? 2 : 1;
+  const int second_offset = style == RopeStyle::kNorm ? 1 : n_pairs;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* xt = x + t * n_heads * head_dim;  // [n_heads, head_dim]
+    const float pos = static_cast<float>(positions[t]);
+    for (int i = 0; i < n_pairs; ++i) {
+      const float inv_freq =
+          std::pow(freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(rope_dim));
+      const float theta = pos * freq_scale * inv_freq;
+      const float cos_t = std::cos(theta);
+      const float sin_t = std::sin(theta);
+      const int a = i * first_stride;
+      const int b = a + second_offset;
+      for (int h = 0; h < n_heads; ++h) {
+        float* xh = xt + static_cast<int64_t>(h) * head_dim;  // [head_dim]
+        const float x0 = xh[a];
+        const float x1 = xh[b];
+        xh[a] = x0 * cos_t - x1 * sin_t;
+        xh[b] = x0 * sin_t + x1 * cos_t;
+      }
+    }
+  }
+}
+
+int64_t argmax(const float* x, int64_t n) {
+  SPECDEC_CHECK(n >= 1, "argmax: empty input");
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace specdec

@@ -1,0 +1,274 @@
+// The `llama` architecture (also `mistral`): pre-norm transformer with RMSNorm, GQA attention with
+// RoPE, SwiGLU feed-forward, optional tied output embedding.
+//
+//   x = embed(tokens)                                     // [n, dim]
+//   for each layer:
+//     xn   = rmsnorm(x) * attn_norm
+//     q,k,v = xn·Wqᵀ, xn·Wkᵀ, xn·Wvᵀ                        // [n, q_dim], [n, kv_dim] x2
+//     q,k  = rope(q, positions), rope(k, positions)
+//     K/V cache[slots] = k, v
+//     x   += attention(q, K, V, mask)·Woᵀ
+//     xn   = rmsnorm(x) * ffn_norm
+//     x   += (silu(xn·Wgateᵀ) * xn·Wupᵀ)·Wdownᵀ
+//   logits = rmsnorm(x[output_rows]) * output_norm · Woutᵀ
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/thread_pool.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "util/check.h"
+
+namespace specdec {
+namespace {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [dim]
+  WeightMatrix wq;                   // [q_dim, dim]
+  WeightMatrix wk;                   // [kv_dim, dim]
+  WeightMatrix wv;                   // [kv_dim, dim]
+  WeightMatrix wo;                   // [dim, q_dim]
+  const float* ffn_norm = nullptr;   // [dim]
+  WeightMatrix w_gate;               // [ffn_dim, dim]
+  WeightMatrix w_up;                 // [ffn_dim, dim]
+  WeightMatrix w_down;               // [dim, ffn_dim]
+};
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(std::unique_ptr<GgufFile> file, ModelConfig config)
+      : Model(std::move(file), std::move(config)) {
+    load_weights();
+  }
+
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  int64_t matmul_flops_per_token() const override { return flops_per_token_; }
+  ForwardResult forward(KvCache& kv, const ForwardBatch& batch, ThreadPool* pool) override;
+
+ private:
+  WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool count = true);
+  const float* vector(const std::string& name, int64_t n);
+  void load_weights();
+  void dump(const char* name, int layer, const float* data, int64_t rows, int64_t cols) const {
+    if (dump_) dump_(name, layer, data, rows, cols);
+  }
+
+  WeightMatrix tok_embd_;               // [n_vocab, dim]
+  const float* output_norm_ = nullptr;  // [dim]
+  WeightMatrix output_;                 // [n_vocab, dim] (tok_embd_ when tied)
+  std::vector<LayerWeights> layers_;
+  int64_t weight_bytes_ = 0;
+  int64_t flops_per_token_ = 0;
+
+  // Scratch, grown to the largest batch seen; the hot path allocates nothing after warm-up.
+  std::vector<float> x_;       // [n, dim] residual stream
+  std::vector<float> xn_;      // [n, dim] normed input of a block
+  std::vector<float> q_;       // [n, q_dim]
+  std::vector<float> attn_;    // [n, q_dim]
+  std::vector<float> proj_;    // [n, dim] output of Wo / Wdown
+  std::vector<float> gate_;    // [n, ffn_dim]
+  std::vector<float> up_;      // [n, ffn_dim]
+  std::vector<float> sel_;     // [n_out, dim] final-normed rows chosen for output
+  std::vector<float> logits_;  // [n_out, n_vocab]
+};
+
+WeightMatrix LlamaModel::matrix(const std::string& name, int64_t rows, int64_t cols, bool count) {
+  const GgufTensor* t = file_->find_tensor(name);
+  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
+  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+    std::string shape;
+    for (int64_t d : t->ne) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}, {}]", file_->path(),
+                            name, shape, cols, rows));
+  }
+  const GgmlTypeTraits& traits = ggml_type_traits(t->type);
+  if (!traits.weight_supported) {
+    throw Error(fmt::format("{}: tensor '{}' has weight type {}, which specdec does not support",
+                            file_->path(), name, traits.name));
+  }
+  WeightMatrix w;
+  w.type = t->type;
+  w.data = t->data;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = ggml_row_bytes(t->type, cols);
+  if (count) {
+    weight_bytes_ += static_cast<int64_t>(t->nbytes);
+    flops_per_token_ += 2 * rows * cols;
+  }
+  return w;
+}
+
+const float* LlamaModel::vector(const std::string& name, int64_t n) {
+  const GgufTensor* t = file_->find_tensor(name);
+  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
+  if (t->ne.size() != 1 || t->ne[0] != n) {
+    throw Error(fmt::format("{}: tensor '{}' should be a vector of {} elements", file_->path(),
+                            name, n));
+  }
+  if (t->type != GgmlType::kF32) {
+    throw Error(fmt::format("{}: tensor '{}' has type {}, expected F32", file_->path(), name,
+                            ggml_type_traits(t->type).name));
+  }
+  if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+    throw Error(fmt::format("{}: tensor '{}' is misaligned", file_->path(), name));
+  }
+  weight_bytes_ += static_cast<int64_t>(t->nbytes);
+  return reinterpret_cast<const float*>(t->data);
+}
+
+void LlamaModel::load_weights() {
+  const ModelConfig& c = config_;
+  // The embedding table is read one row per token, not streamed: not counted in weight_bytes.
+  tok_embd_ = matrix("token_embd.weight", c.n_vocab, c.dim, /*count=*/false);
+  output_norm_ = vector("output_norm.weight", c.dim);
+  if (file_->find_tensor("output.weight")) {
+    output_ = matrix("output.weight", c.n_vocab, c.dim);
+  } else {
+    output_ = matrix("token_embd.weight", c.n_vocab, c.dim);  // tied
+  }
+  layers_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    LayerWeights& w = layers_[l];
+    w.attn_norm = vector(p + "attn_norm.weight", c.dim);
+    w.wq = matrix(p + "attn_q.weight", c.q_dim(), c.dim);
+    w.wk = matrix(p + "attn_k.weight", c.kv_dim(), c.dim);
+    w.wv = matrix(p + "attn_v.weight", c.kv_dim(), c.dim);
+    w.wo = matrix(p + "attn_output.weight", c.dim, c.q_dim());
+    w.ffn_norm = vector(p + "ffn_norm.weight", c.dim);
+    w.w_gate = matrix(p + "ffn_gate.weight", c.ffn_dim, c.dim);
+    w.w_up = matrix(p + "ffn_up.weight", c.ffn_dim, c.dim);
+    w.w_down = matrix(p + "ffn_down.weight", c.dim, c.ffn_dim);
+  }
+}
+
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, ThreadPool* pool) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  const int64_t n_past = kv.size();
+  const int64_t n_out = static_cast<int64_t>(batch.output_rows.size());
+  if (static_cast<int64_t>(batch.positions.size()) != n) {
+    throw Error(fmt::format("forward: {} tokens but {} positions", n, batch.positions.size()));
+  }
+  if (!batch.mask.empty() && static_cast<int64_t>(batch.mask.size()) != n * n) {
+    throw Error(fmt::format("forward: mask has {} entries, expected {}", batch.mask.size(), n * n));
+  }
+  if (n_past + n > kv.capacity()) {
+    throw Error(fmt::format("forward: {} cached + {} new tokens exceed the context size {}",
+                            n_past, n, kv.capacity()));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= c.n_vocab) {
+      throw Error(fmt::format("forward: token id {} is outside the vocabulary [0, {})",
+                              batch.tokens[i], c.n_vocab));
+    }
+    if (batch.positions[i] < 0) throw Error("forward: negative position");
+  }
+  for (int64_t r = 0; r < n_out; ++r) {
+    if (batch.output_rows[r] < 0 || batch.output_rows[r] >= n ||
+        (r > 0 && batch.output_rows[r] <= batch.output_rows[r - 1])) {
+      throw Error("forward: output_rows must be increasing row indices of the batch");
+    }
+  }
+  if (n == 0) return {};
+
+  float* x = grow(x_, n * c.dim);          // [n, dim]
+  float* xn = grow(xn_, n * c.dim);        // [n, dim]
+  float* q = grow(q_, n * c.q_dim());      // [n, q_dim]
+  float* attn = grow(attn_, n * c.q_dim());  // [n, q_dim]
+  float* proj = grow(proj_, n * c.dim);    // [n, dim]
+  float* gate = grow(gate_, n * c.ffn_dim);  // [n, ffn_dim]
+  float* up = grow(up_, n * c.ffn_dim);    // [n, ffn_dim]
+  const uint8_t* mask = batch.mask.empty() ? nullptr : batch.mask.data();
+
+  for (int64_t i = 0; i < n; ++i) dequantize_row(tok_embd_, batch.tokens[i], x + i * c.dim);
+  dump("inp_embd", -1, x, n, c.dim);
+
+  AttentionShape shape;
+  shape.n_past = n_past;
+  shape.n_new = n;
+  shape.n_heads = c.n_heads;
+  shape.n_kv_heads = c.n_kv_heads;
+  shape.head_dim = c.head_dim;
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int64_t kv_row = c.kv_dim();
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    // Attention block.
+    rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
+    dump("attn_norm", l, xn, n, c.dim);
+    float* k_new = kv.k(l) + n_past * kv_row;  // [n, n_kv_heads, head_dim] written in place
+    float* v_new = kv.v(l) + n_past * kv_row;  // [n, n_kv_heads, head_dim]
+    matmul(w.wq, xn, n, q, pool);
+    matmul(w.wk, xn, n, k_new, pool);
+    matmul(w.wv, xn, n, v_new, pool);
+    rope(q, batch.positions.data(), n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
+         c.rope_freq_scale, c.rope_style);
+    rope(k_new, batch.positions.data(), n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
+         c.rope_freq_scale, c.rope_style);
+    dump("q_rope", l, q, n, c.q_dim());
+    dump("k_rope", l, k_new, n, kv_row);
+    dump("v", l, v_new, n, kv_row);
+    attention(shape, q, kv.k(l), kv.v(l), mask, attn, pool);
+    dump("attn_out", l, attn, n, c.q_dim());
+    matmul(w.wo, attn, n, proj, pool);
+    for (int64_t i = 0; i < n * c.dim; ++i) x[i] += proj[i];
+    dump("attn_residual", l, x, n, c.dim);
+
+    // Feed-forward block.
+    rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
+    matmul(w.w_gate, xn, n, gate, pool);
+    matmul(w.w_up, xn, n, up, pool);
+    swiglu(gate, up, n * c.ffn_dim, gate);
+    dump("ffn_act", l, gate, n, c.ffn_dim);
+    matmul(w.w_down, gate, n, proj, pool);
+    for (int64_t i = 0; i < n * c.dim; ++i) x[i] += proj[i];
+    dump("layer_out", l, x, n, c.dim);
+  }
+  kv.append(n);
+
+  ForwardResult result;
+  if (n_out == 0) return result;
+  float* sel = grow(sel_, n_out * c.dim);  // [n_out, dim]
+  for (int64_t r = 0; r < n_out; ++r) {
+    const float* src = x + static_cast<int64_t>(batch.output_rows[r]) * c.dim;
+    std::copy(src, src + c.dim, sel + r * c.dim);
+  }
+  rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
+  dump("result_norm", -1, sel, n_out, c.dim);
+  float* logits = grow(logits_, n_out * c.n_vocab);  // [n_out, n_vocab]
+  matmul(output_, sel, n_out, logits, pool);
+  dump("result_output", -1, logits, n_out, c.n_vocab);
+  result.logits = {logits, static_cast<size_t>(n_out * c.n_vocab)};
+  if (batch.want_hidden) result.hidden = {sel, static_cast<size_t>(n_out * c.dim)};
+  return result;
+}
+
+}  // namespace
+
+Model::Model(std::unique_ptr<GgufFile> file, ModelConfig config)
+    : file_(std::move(file)), config_(std::move(config)) {}
+
+KvCache Model::make_kv_cache(int64_t capacity) const {
+  return KvCache(config_.n_layers, config_.n_kv_heads, config_.head_dim, capacity);
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  std::unique_ptr<GgufFile> file = GgufFile::open(path);
+  ModelConfig config = ModelConfig::from_gguf(*file);
+  return std::make_unique<LlamaModel>(std::move(file), std::move(config));
+}
+
+}  // namespace specdec

@@ -1,0 +1,63 @@
+#include "cli_common.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "model/gguf.h"
+#include "util/check.h"
+#include "util/paths.h"
+
+namespace specdec::cli {
+
+std::string resolve_model_path(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  const std::string path = default_model_path();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    throw Error(fmt::format("the default model is not at {}; run scripts/setup.sh to download it "
+                            "or pass -m PATH",
+                            path));
+  }
+  return path;
+}
+
+std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!quiet) fmt::print(stderr, "loading {} ...\n", path);
+  std::unique_ptr<Model> model = Model::load(path);
+  // Touch every page of every tensor once, reporting progress.
+  const auto& tensors = model->file().tensors();
+  uint64_t total = 0, done = 0;
+  for (const auto& t : tensors) total += t.nbytes;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  volatile uint8_t sink = 0;
+  int last_pct = -1;
+  for (const auto& t : tensors) {
+    for (uint64_t off = 0; off < t.nbytes; off += static_cast<uint64_t>(page)) sink ^= t.data[off];
+    done += t.nbytes;
+    const int pct = total ? static_cast<int>(100 * done / total) : 100;
+    if (!quiet && pct / 10 != last_pct / 10) {
+      fmt::print(stderr, "\rloading weights: {:3d}%", pct);
+      last_pct = pct;
+    }
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!quiet) {
+    fmt::print(stderr, "\rloaded {} in {:.2f} s\n{}\n", path, secs, model->config().summary());
+  }
+  return model;
+}
+
+int default_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+}  // namespace specdec::cli
