@@ -18,6 +18,7 @@
 #include "backend/cpu/thread_pool.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "util/check.h"
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "model/gguf.h"
 #include "model/model.h"
 
 namespace specdec::cli {

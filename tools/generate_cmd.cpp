@@ -11,6 +11,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/generator.h"
+#include "spec_options.h"
 #include "model/gguf.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/detokenizer.h"
@@ -31,6 +32,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::string output_format = "text";
   SamplingParams sampling;
+  SpecOptions spec;
 };
 
 std::vector<int32_t> build_prompt(const Tokenizer& tok, const GenerateOptions& o) {
@@ -38,15 +40,12 @@ std::vector<int32_t> build_prompt(const Tokenizer& tok, const GenerateOptions& o
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   messages.push_back({"user", o.prompt});
-  const ChatTemplateKind kind = detect_chat_template(tok.chat_template());
-  const std::string bos_text = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "";
-  const std::string text = apply_chat_template(kind, messages, /*add_generation_prompt=*/true,
-                                               tok.chat_template(), bos_text);
   // The template writes BOS itself where the format has one.
+  const std::string text = tok.apply_chat_template(messages, /*add_generation_prompt=*/true);
   return tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
 }
 
-void run_generate(const GenerateOptions& o) {
+void run_generate(GenerateOptions& o) {
   const bool json = o.output_format == "json";
   const std::string path = resolve_model_path(o.model);
   const auto t_load0 = std::chrono::steady_clock::now();
@@ -59,13 +58,17 @@ void run_generate(const GenerateOptions& o) {
   const int64_t ctx = std::min<int64_t>(o.ctx_size, model->config().n_ctx_train);
   ThreadPool pool(o.threads > 0 ? o.threads : default_threads());
   Generator gen(*model, &pool, ctx);
+  o.sampling.validate();
+  SpecSetup spec = make_spec(o.spec, *model, &pool, ctx, o.sampling, /*quiet=*/false);
 
   GenerationConfig config;
   config.max_new_tokens = o.n_predict;
   config.sampling = o.sampling;
   if (!o.ignore_eos) config.stop_tokens = tok->eog_ids();
+  config.proposer = spec.proposer.get();
+  config.draft = spec.draft_length;
 
-  IncrementalDetokenizer detok(*tok);
+  IncrementalDetokenizer detok(*tok, DecodeOptions{.text_start = false});
   std::string text;
   auto on_token = [&](int32_t t) {
     if (!o.ignore_eos && tok->is_eog(t)) return true;  // not shown
@@ -83,8 +86,7 @@ void run_generate(const GenerateOptions& o) {
   text += tail;
 
   const double prefill_tps = st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0;
-  const double decode_tps =
-      st.decode_seconds > 0 ? st.n_forward_passes / st.decode_seconds : 0;
+  const double decode_tps = st.decode_seconds > 0 ? st.n_generated / st.decode_seconds : 0;
   if (json) {
     nlohmann::json j;
     j["prompt_tokens"] = prompt;
@@ -99,6 +101,15 @@ void run_generate(const GenerateOptions& o) {
                     {"decode_s", st.decode_seconds},
                     {"decode_tok_s", decode_tps},
                     {"target_passes", st.n_forward_passes}};
+    j["spec"] = {{"method", o.spec.spec},
+                 {"description", spec.description},
+                 {"target_passes", st.n_forward_passes},
+                 {"drafted", st.n_drafted},
+                 {"accepted", st.n_accepted},
+                 {"acceptance_rate", st.acceptance_rate()},
+                 {"mean_accepted_length", st.mean_accepted_length()},
+                 {"tokens_per_pass", st.tokens_per_pass()},
+                 {"draft_s", st.draft_seconds}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::fwrite(tail.data(), 1, tail.size(), stdout);
@@ -109,6 +120,14 @@ void run_generate(const GenerateOptions& o) {
                "in {:.3f} s ({:.1f} tok/s) | finish: {}\n",
                st.n_prompt, st.prefill_seconds, prefill_tps, st.n_generated, st.n_forward_passes,
                st.decode_seconds, decode_tps, finish_reason_name(st.finish));
+    if (spec.proposer) {
+      fmt::print(stderr,
+                 "speculation: {} | target passes {} | drafted {} | accepted {} ({:.1f}%) | mean "
+                 "accepted per verifying pass {:.2f} | tokens per pass {:.2f} | drafting {:.3f} s\n",
+                 spec.description, st.n_forward_passes, st.n_drafted, st.n_accepted,
+                 100 * st.acceptance_rate(), st.mean_accepted_length(), st.tokens_per_pass(),
+                 st.draft_seconds);
+    }
   }
 }
 
@@ -138,6 +157,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  add_spec_options(cmd, &o->spec);
   cmd->callback([o] { run_generate(*o); });
 }
 

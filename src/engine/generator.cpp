@@ -25,7 +25,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 std::vector<float> prefill(Model& model, KvCache& kv, std::span<const int32_t> prompt, int chunk,
-                           ThreadPool* pool) {
+                           ThreadPool* pool, std::vector<float>* hidden) {
   SPECDEC_CHECK(kv.size() == 0, "prefill needs an empty cache");
   SPECDEC_CHECK(chunk > 0, "prefill chunk must be positive");
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -41,8 +41,12 @@ std::vector<float> prefill(Model& model, KvCache& kv, std::span<const int32_t> p
     batch.tokens = prompt.subspan(begin, len);
     batch.positions = positions;
     if (last) batch.output_rows = {&last_row, 1};
+    batch.want_hidden = last && hidden != nullptr;
     ForwardResult r = model.forward(kv, batch, pool);
-    if (last) last_logits.assign(r.logits.begin(), r.logits.end());
+    if (last) {
+      last_logits.assign(r.logits.begin(), r.logits.end());
+      if (hidden) hidden->assign(r.hidden.begin(), r.hidden.end());
+    }
   }
   return last_logits;
 }
@@ -63,47 +67,115 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
                             "least one generated token); shorten the prompt or raise --ctx-size",
                             n_prompt, kv_.capacity()));
   }
-  config.sampling.validate();
   Sampler sampler(config.sampling);
+  Proposer* proposer = config.proposer;
+  DraftLengthController draft_length(config.draft);
+  const bool want_hidden = proposer && proposer->wants_hidden();
+  const int n_vocab = model_.config().n_vocab;
   kv_.clear();
   st.n_prompt = n_prompt;
+  if (proposer) proposer->begin(prompt);
 
   std::vector<int32_t> history(prompt.begin(), prompt.end());  // prompt + generated
   std::vector<int32_t> out;
   double t0 = now_seconds();
-  std::vector<float> logits = prefill(model_, kv_, prompt, config.prefill_chunk, pool_);
+  std::vector<float> logits =
+      prefill(model_, kv_, prompt, config.prefill_chunk, pool_, want_hidden ? &hidden_ : nullptr);
   st.prefill_seconds = now_seconds() - t0;
-
   t0 = now_seconds();
-  const int32_t zero_row = 0;
-  st.finish = FinishReason::kLength;
-  while (static_cast<int>(out.size()) < config.max_new_tokens) {
-    const int32_t token = sampler.sample(logits, history);
+  if (config.max_new_tokens <= 0) return out;
+
+  // Emits one token; returns false when generation must end with it.
+  auto emit = [&](int32_t token) {
     out.push_back(token);
     history.push_back(token);
     const bool keep_going = !on_token || on_token(token);
     if (std::find(config.stop_tokens.begin(), config.stop_tokens.end(), token) !=
         config.stop_tokens.end()) {
       st.finish = FinishReason::kStop;
-      break;
+      return false;
     }
     if (!keep_going) {
       st.finish = FinishReason::kCancelled;
-      break;
+      return false;
     }
-    if (static_cast<int>(out.size()) >= config.max_new_tokens) break;
-    if (kv_.size() >= kv_.capacity()) {
+    if (static_cast<int>(out.size()) >= config.max_new_tokens) {
+      st.finish = FinishReason::kLength;
+      return false;
+    }
+    return true;
+  };
+
+  // The first token comes from the prompt's logits, exactly as in plain decoding.
+  bool running = emit(sampler.sample(logits, history));
+  while (running) {
+    const int64_t past = kv_.size();
+    if (past >= kv_.capacity()) {
       st.finish = FinishReason::kContext;
       break;
     }
-    const int32_t position = static_cast<int32_t>(kv_.size());
+    // 1. Draft under the root (the last emitted token, not yet in the cache).
+    tree_.reset(history.back());
+    int budget = proposer ? draft_length.next_length() : 0;
+    budget = static_cast<int>(std::min<int64_t>(
+        {budget, kv_.capacity() - past - 1, config.max_new_tokens - static_cast<int64_t>(out.size()) - 1}));
+    const double td = now_seconds();
+    if (budget > 0) {
+      DraftRequest req;
+      req.tokens = history;
+      req.max_tokens = budget;
+      if (want_hidden) req.target_hidden = hidden_;
+      proposer->propose(req, &tree_);
+      SPECDEC_CHECK(tree_.num_drafts() <= budget, "proposer exceeded its draft budget");
+    }
+    const double draft_s = now_seconds() - td;
+    st.draft_seconds += draft_s;
+
+    // 2. One target pass over the whole tree.
+    const int n = tree_.size();
+    tree_.build_positions(past, &positions_);
+    rows_.resize(n);
+    for (int i = 0; i < n; ++i) rows_[i] = i;
     ForwardBatch batch;
-    batch.tokens = {&token, 1};
-    batch.positions = {&position, 1};
-    batch.output_rows = {&zero_row, 1};
-    ForwardResult r = model_.forward(kv_, batch, pool_);
-    std::copy(r.logits.begin(), r.logits.end(), logits.begin());
+    batch.tokens = tree_.tokens();
+    batch.positions = positions_;
+    if (!tree_.is_chain()) {
+      tree_.build_mask(&mask_);
+      batch.mask = mask_;
+    }
+    batch.output_rows = rows_;
+    batch.want_hidden = want_hidden;
+    const double tp = now_seconds();
+    const ForwardResult r = model_.forward(kv_, batch, pool_);
+    const double pass_s = now_seconds() - tp;
     ++st.n_forward_passes;
+
+    // 3. Verify: accepted drafts plus the target's own token.
+    verifier_.verify(tree_, r.logits, n_vocab, history, sampler, &verdict_);
+    const int n_acc = static_cast<int>(verdict_.accepted_nodes.size());
+    if (n > 1) {
+      ++st.n_spec_passes;
+      st.n_drafted += n - 1;
+      st.n_accepted += n_acc;
+    }
+    if (proposer) draft_length.record(n - 1, n_acc, draft_s, pass_s);
+
+    // 4. The cache keeps the root and the accepted path, compacted into place.
+    keep_.clear();
+    keep_.push_back(past);
+    for (int32_t node : verdict_.accepted_nodes) keep_.push_back(past + node);
+    kv_.keep_slots(past, keep_);
+    if (want_hidden) {
+      const float* h = r.hidden.data() + static_cast<size_t>(verdict_.final_node) * model_.config().dim;
+      hidden_.assign(h, h + model_.config().dim);
+    }
+    if (proposer) {
+      proposer->observe({verdict_.tokens.data(), static_cast<size_t>(n_acc)}, verdict_.bonus);
+    }
+    for (int32_t token : verdict_.tokens) {
+      running = emit(token);
+      if (!running) break;
+    }
   }
   st.decode_seconds = now_seconds() - t0;
   st.n_generated = static_cast<int64_t>(out.size());

@@ -1,6 +1,11 @@
-// Plain autoregressive generation for one sequence: prefill the prompt in chunks, then one
-// forward pass per new token, sampling with the sequence's own seeded Sampler.
-// Speculative decoding (src/spec/) builds on the same pieces and must produce the same tokens.
+// Generation for one sequence, plain or speculative, in one loop:
+//   prefill the prompt (chunks) → sample the first token (the root)
+//   each step: the proposer grows a TokenTree under the root (no proposer, or a zero draft
+//   length, leaves the root alone: plain decoding) → one target pass over the tree → the
+//   Verifier keeps the longest acceptable path plus one token of the target's own → the KV cache
+//   keeps exactly the root and the accepted path → the bonus token is the next root.
+// Plain decoding is the special case of a one-node tree, so both share every line of code that
+// decides tokens; greedy speculative output equals plain greedy output token for token.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +16,10 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "sample/sampler.h"
+#include "sample/verifier.h"
+#include "spec/draft_length.h"
+#include "spec/proposer.h"
+#include "spec/token_tree.h"
 
 namespace specdec {
 
@@ -21,6 +30,8 @@ struct GenerationConfig {
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;  // end-of-generation ids (emitted, then generation stops)
   int prefill_chunk = 512;           // prompt tokens per forward pass
+  Proposer* proposer = nullptr;      // null: plain decoding
+  DraftLengthConfig draft;           // draft length per step (fixed or adaptive)
 };
 
 enum class FinishReason { kStop, kLength, kContext, kCancelled };
@@ -30,12 +41,26 @@ struct GenerationStats {
   int64_t n_prompt = 0;
   int64_t n_generated = 0;
   int64_t n_forward_passes = 0;  // target passes after prefill
+  int64_t n_spec_passes = 0;     // passes that verified at least one draft token
+  int64_t n_drafted = 0;         // draft tokens verified
+  int64_t n_accepted = 0;        // draft tokens accepted
   double prefill_seconds = 0;
-  double decode_seconds = 0;
+  double decode_seconds = 0;     // from the first generated token to the last
+  double draft_seconds = 0;      // part of decode_seconds spent in the proposer
   FinishReason finish = FinishReason::kLength;
+
+  double acceptance_rate() const { return n_drafted ? double(n_accepted) / n_drafted : 0.0; }
+  // Tokens the target produced per pass (accepted drafts + its own), over all decode passes.
+  double tokens_per_pass() const {
+    return n_forward_passes ? double(n_accepted + n_forward_passes) / n_forward_passes : 0.0;
+  }
+  // Accepted drafts per pass that verified drafts.
+  double mean_accepted_length() const {
+    return n_spec_passes ? double(n_accepted) / n_spec_passes : 0.0;
+  }
 };
 
-// Called with each new token as soon as it is chosen; return false to stop generating.
+// Called with each new token as soon as it is final; return false to stop generating.
 using TokenCallback = std::function<bool(int32_t token)>;
 
 class Generator {
@@ -53,11 +78,19 @@ class Generator {
   Model& model_;
   ThreadPool* pool_;
   KvCache kv_;
+  TokenTree tree_;
+  Verifier verifier_;
+  VerifyResult verdict_;
+  std::vector<uint8_t> mask_;        // [tree, tree]
+  std::vector<int32_t> positions_;   // [tree]
+  std::vector<int32_t> rows_;        // [tree]
+  std::vector<int64_t> keep_;        // KV slots kept after verification
+  std::vector<float> hidden_;        // [dim] target hidden state before the root
 };
 
 // Runs prompt tokens [0, n) through the model into kv (which must be empty), in chunks, and
-// returns the logits of the last prompt token: [n_vocab]. Shared with the speculative decoder.
+// returns the logits of the last prompt token: [n_vocab]; with `hidden`, also its hidden state.
 std::vector<float> prefill(Model& model, KvCache& kv, std::span<const int32_t> prompt,
-                           int chunk, ThreadPool* pool);
+                           int chunk, ThreadPool* pool, std::vector<float>* hidden = nullptr);
 
 }  // namespace specdec

@@ -35,9 +35,8 @@ struct BigramGreater {
 
 }  // namespace
 
-BpeModel::BpeModel(const Vocab& vocab, const std::vector<std::string>& merges, int32_t unk_id,
-                   bool ignore_merges)
-    : vocab_(vocab), unk_id_(unk_id), ignore_merges_(ignore_merges) {
+BpeModel::BpeModel(const Vocab& vocab, const std::vector<std::string>& merges, bool ignore_merges)
+    : vocab_(vocab), ignore_merges_(ignore_merges) {
   for (int b = 0; b < 256; ++b) byte_tokens_[b] = vocab_.find(byte_to_unicode(uint8_t(b)));
   merges_.reserve(merges.size());
   std::string merged;
@@ -77,24 +76,28 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>* out) con
       return;
     }
   }
-  const auto n = static_cast<int32_t>(word.size());
-  if (n == 1) {
-    const int32_t id = byte_tokens_[static_cast<uint8_t>(word[0])];
-    if (id >= 0) {
-      out->push_back(id);
-      return;
-    }
+  // [n] one symbol per byte of the word. A byte with no token (some vocabularies lack bytes
+  // that never occur in UTF-8 text, like 0xFF) is dropped before merging, as HF tokenizers does
+  // without an unknown token, so its neighbors can merge.
+  std::vector<Symbol> symbols;
+  symbols.reserve(word.size());
+  for (const char c : word) {
+    const int32_t id = byte_tokens_[static_cast<uint8_t>(c)];
+    if (id < 0) continue;
+    const auto index = static_cast<int32_t>(symbols.size());
+    symbols.push_back({id, index - 1, index + 1, true});
   }
-  // [n] one symbol per byte of the word.
-  std::vector<Symbol> symbols(n);
-  for (int32_t i = 0; i < n; ++i) {
-    symbols[i] = {byte_tokens_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1,
-                  true};
+  if (symbols.empty()) return;
+  const auto n = static_cast<int32_t>(symbols.size());
+  symbols.back().next = -1;
+  if (n == 1) {
+    out->push_back(symbols[0].id);
+    return;
   }
   std::vector<Bigram> storage;
   storage.reserve(n);
   std::priority_queue<Bigram, std::vector<Bigram>, BigramGreater> queue(BigramGreater{},
-                                                                         std::move(storage));
+                                                                        std::move(storage));
   auto try_add_bigram = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     const int32_t left_id = symbols[left].id;
@@ -123,18 +126,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>* out) con
     try_add_bigram(bigram.left, left.next);
   }
 
-  for (int32_t i = 0; i >= 0; i = symbols[i].next) {
-    const int32_t id = symbols[i].id;
-    if (id >= 0) {
-      out->push_back(id);
-    } else if (unk_id_ >= 0) {
-      out->push_back(unk_id_);
-    } else {
-      throw Error(fmt::format("byte-level BPE tokenizer: the byte 0x{:02X} has no token and the "
-                              "vocabulary has no unknown token",
-                              static_cast<uint8_t>(word[i])));
-    }
-  }
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) out->push_back(symbols[i].id);
 }
 
 }  // namespace specdec

@@ -20,12 +20,14 @@ class BpeModel {
   // `merges` are "left right" strings in rank order. Throws specdec::Error for a malformed
   // merge line. Merges whose parts or result are not vocabulary tokens can never apply to
   // token sequences and are skipped (counted in skipped_merges()).
-  BpeModel(const Vocab& vocab, const std::vector<std::string>& merges, int32_t unk_id,
-           bool ignore_merges);
+  BpeModel(const Vocab& vocab, const std::vector<std::string>& merges, bool ignore_merges);
 
-  // Appends the ids of one pre-tokenized word (raw bytes, not yet byte-level mapped).
+  // Appends the ids of one pre-tokenized word (raw bytes, not yet byte-level mapped). Bytes
+  // whose code point is not a token are dropped before merging, as HF tokenizers does without
+  // an unknown token (has_byte() tells which).
   void encode_word(std::string_view word, std::vector<int32_t>* out) const;
 
+  bool has_byte(uint8_t byte) const { return byte_tokens_[byte] >= 0; }
   int32_t num_merges() const { return static_cast<int32_t>(merges_.size()); }
   int32_t skipped_merges() const { return skipped_merges_; }
 
@@ -40,10 +42,9 @@ class BpeModel {
   }
 
   const Vocab& vocab_;
-  int32_t unk_id_;
-  bool ignore_merges_;  // a word that is itself a token is emitted whole (llama3)
-  std::array<int32_t, 256> byte_tokens_;          // byte -> id of its mapped code point, or -1
-  std::unordered_map<uint64_t, Merge> merges_;   // (left id, right id) -> merge
+  bool ignore_merges_;                    // a word that is itself a token is emitted whole (llama3)
+  std::array<int32_t, 256> byte_tokens_;  // byte -> id of its mapped code point, or -1
+  std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> merge
   int32_t skipped_merges_ = 0;
 };
 

@@ -48,6 +48,21 @@ std::string spm_escape_whitespace(std::string_view text) {
   return out;
 }
 
+std::string spm_unescape_whitespace(std::string_view text) {
+  static constexpr std::string_view kEscape = "\xE2\x96\x81";
+  std::string out;
+  out.reserve(text.size());
+  size_t pos = 0;
+  for (size_t hit = text.find(kEscape); hit != std::string_view::npos;
+       hit = text.find(kEscape, pos)) {
+    out.append(text.substr(pos, hit - pos));
+    out.push_back(' ');
+    pos = hit + kEscape.size();
+  }
+  out.append(text.substr(pos));
+  return out;
+}
+
 SpmModel::SpmModel(const Vocab& vocab, int32_t unk_id) : vocab_(vocab), unk_id_(unk_id) {
   for (int b = 0; b < 256; ++b) {
     byte_tokens_[b] = vocab_.find(fmt::format("<0x{:02X}>", b));
@@ -60,8 +75,8 @@ void SpmModel::encode(std::string_view text, std::vector<int32_t>* out) const {
   std::vector<Symbol> symbols;
   symbols.reserve(text.size());
   for (size_t offset = 0; offset < text.size();) {
-    const size_t len = std::min(text.size() - offset,
-                                utf8_sequence_length(static_cast<uint8_t>(text[offset])));
+    const size_t len =
+        std::min(text.size() - offset, utf8_sequence_length(static_cast<uint8_t>(text[offset])));
     const auto index = static_cast<int32_t>(symbols.size());
     symbols.push_back({index - 1, offset + len == text.size() ? -1 : index + 1,
                        static_cast<uint32_t>(offset), static_cast<uint32_t>(len)});
@@ -71,7 +86,7 @@ void SpmModel::encode(std::string_view text, std::vector<int32_t>* out) const {
   std::vector<Bigram> storage;
   storage.reserve(symbols.size());
   std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue(BigramLess{},
-                                                                      std::move(storage));
+                                                                     std::move(storage));
   auto try_add_bigram = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     const uint32_t size = symbols[left].size + symbols[right].size;
@@ -115,10 +130,11 @@ void SpmModel::encode(std::string_view text, std::vector<int32_t>* out) const {
     } else if (unk_id_ >= 0) {
       out->push_back(unk_id_);  // no byte fallback: one unknown token per piece, as SentencePiece
     } else {
-      throw Error(fmt::format("SentencePiece tokenizer: cannot encode the piece '{}': it is not in "
-                              "the vocabulary, which has no <0xXX> byte tokens and no unknown "
-                              "token",
-                              sanitize_utf8(piece)));
+      throw Error(
+          fmt::format("SentencePiece tokenizer: cannot encode the piece '{}': it is not in "
+                      "the vocabulary, which has no <0xXX> byte tokens and no unknown "
+                      "token",
+                      sanitize_utf8(piece)));
     }
   }
 }

@@ -35,5 +35,7 @@ class SpmModel {
 
 // Replaces every ' ' with U+2581 ("▁"), the SentencePiece whitespace escape.
 std::string spm_escape_whitespace(std::string_view text);
+// The inverse: every U+2581 becomes ' '.
+std::string spm_unescape_whitespace(std::string_view text);
 
 }  // namespace specdec

@@ -48,7 +48,9 @@ void append_utf8(uint32_t cp, std::string* out) {
   }
 }
 
-const std::string& byte_to_unicode(uint8_t byte) { return byte_level_tables().byte_to_text[byte]; }
+const std::string& byte_to_unicode(uint8_t byte) {
+  return byte_level_tables().byte_to_text[byte];
+}
 
 int unicode_to_byte(uint32_t cp) {
   if (cp >= 512) return -1;

@@ -80,9 +80,9 @@ int64_t visible_runs(const AttentionShape& s, const uint8_t* mask, int64_t i,
 
 // One task: query token `i`, query heads [h_begin, h_end), all reading KV head `kv_head`.
 // Two-pass softmax: scores of every visible slot, exp(score - max), then Σ p·v scaled by 1/Σp.
-void attention_task(const OpsKernels& kern, const AttentionShape& s, const float* q,
-                    const float* k, const float* v, const uint8_t* mask, float* out, int64_t i,
-                    int kv_head, int h_begin, int h_end) {
+void attention_task(const OpsKernels& kern, const AttentionShape& s, const float* q, const float* k,
+                    const float* v, const uint8_t* mask, float* out, int64_t i, int kv_head,
+                    int h_begin, int h_end) {
   AttentionScratch& scratch = attention_scratch();
   const int n_q = h_end - h_begin;
   const int64_t head_dim = s.head_dim;
@@ -123,14 +123,14 @@ void attention_task(const OpsKernels& kern, const AttentionShape& s, const float
 
 constexpr int kMaxHeadsPerTask = 64;
 
-void attention_with(const OpsKernels& kern, const AttentionShape& s, const float* q,
-                    const float* k, const float* v, const uint8_t* mask, float* out,
-                    ThreadPool* pool) {
+void attention_with(const OpsKernels& kern, const AttentionShape& s, const float* q, const float* k,
+                    const float* v, const uint8_t* mask, float* out, ThreadPool* pool) {
   SPECDEC_CHECK(s.n_past >= 0 && s.n_new >= 0, "attention: negative token count");
   if (s.n_new == 0) return;
   SPECDEC_CHECK(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0,
                 "attention: heads and head_dim must be positive");
-  SPECDEC_CHECK(s.n_heads % s.n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
+  SPECDEC_CHECK(s.n_heads % s.n_kv_heads == 0,
+                "attention: n_heads must be a multiple of n_kv_heads");
   const int group = s.n_heads / s.n_kv_heads;  // query heads per KV head
   const int n_threads = pool == nullptr ? 1 : pool->size();
   // Query heads that share a KV head go in one task, so each K/V row is read once for all of
@@ -157,7 +157,7 @@ void attention_with(const OpsKernels& kern, const AttentionShape& s, const float
   if (pool == nullptr || n_threads == 1 || n_tasks == 1) {
     body(0, 1);
   } else {
-    pool->run(body);
+    pool->run([&body](int thread_index, int num_threads) { body(thread_index, num_threads); });
   }
 }
 
@@ -178,8 +178,8 @@ void softmax_isa(Isa isa, float* x, int64_t n) {
   kern.scale(x, n, 1.0f / kern.exp_shifted_sum(x, n));
 }
 
-void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k,
-                   const float* v, const uint8_t* mask, float* out, ThreadPool* pool) {
+void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k, const float* v,
+                   const uint8_t* mask, float* out, ThreadPool* pool) {
   attention_with(checked_kernels_for(isa), s, q, k, v, mask, out, pool);
 }
 

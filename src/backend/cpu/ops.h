@@ -28,7 +28,7 @@ enum class RopeStyle {
 
 // In place on x: [n_tokens, n_heads, head_dim]; token t is at position positions[t].
 // The first rope_dim dims of each head rotate with theta_i = pos * freq_scale *
-// freq_base^(-2i/rope_dim); the rest pass through.
+// freq_base^(-2i/rope_dim) (float math, as llama.cpp); the rest pass through. rope_dim even.
 void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int head_dim,
           int rope_dim, float freq_base, float freq_scale, RopeStyle style);
 
@@ -40,6 +40,8 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int
 //        token j; nullptr means causal (j <= i). Every query sees all n_past cached slots.
 //   out: [n_new, n_heads, head_dim]
 // GQA: query head h reads KV head h / (n_heads / n_kv_heads). scale usually 1/sqrt(head_dim).
+// n_new == 0 is a no-op; a query that sees no slot at all gets zeros. Work is split over the
+// pool by (query, KV head); per-thread scratch grows to the longest context seen and is reused.
 struct AttentionShape {
   int64_t n_past = 0;
   int64_t n_new = 0;

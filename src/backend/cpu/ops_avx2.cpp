@@ -88,10 +88,10 @@ void rmsnorm_avx2(const float* x, const float* weight, float eps, int64_t n_rows
       const __m256 xv = _mm256_loadu_ps(xr + i);
       acc[0] = _mm256_fmadd_ps(xv, xv, acc[0]);
     }
-    float sum_sq = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    float sum_sq =
+        hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < dim; ++i) sum_sq += xr[i] * xr[i];
-    const __m256 inv_rms =
-        _mm256_set1_ps(1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps));
+    const __m256 inv_rms = _mm256_set1_ps(1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps));
     for (i = 0; i < dim_vec; i += kLanes) {
       const __m256 xv = _mm256_mul_ps(_mm256_loadu_ps(xr + i), inv_rms);
       _mm256_storeu_ps(yr + i, _mm256_mul_ps(xv, _mm256_loadu_ps(weight + i)));
@@ -125,8 +125,8 @@ float exp_shifted_sum_avx2(float* x, int64_t n) {
   for (; i + kLanes <= n; i += kLanes) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
   if (i < n) {
     const __m256i m = tail_mask(n - i);
-    const __m256 xv = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + i, m),
-                                       _mm256_castsi256_ps(m));
+    const __m256 xv =
+        _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m));
     mx = _mm256_max_ps(mx, xv);
   }
   const __m256 max = _mm256_set1_ps(hmax(mx));
@@ -157,30 +157,37 @@ float exp_shifted_sum_avx2(float* x, int64_t n) {
 void scale_avx2(float* x, int64_t n, float a) {
   const __m256 av = _mm256_set1_ps(a);
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), av));
+  for (; i + kLanes <= n; i += kLanes)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), av));
   if (i < n) {
     const __m256i m = tail_mask(n - i);
     _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), av));
   }
 }
 
-// Scores of R (1..4) query rows against n_rows K rows; each K chunk is loaded once for all R.
+// Scores of R (1..4) query rows against one K row at a time (the rows left over by
+// scores_rows4). The accumulators are named variables rather than an array, which GCC may keep
+// in memory.
 template <int R>
-void scores_block(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
+void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
                   float scale, float* s, int64_t ld_s) {
   const int d_vec = head_dim / kLanes * kLanes;
+  const float* q0 = q;  // [head_dim] each
+  const float* q1 = q + (R > 1 ? head_dim : 0);
+  const float* q2 = q + (R > 2 ? 2 * head_dim : 0);
+  const float* q3 = q + (R > 3 ? 3 * head_dim : 0);
   for (int64_t j = 0; j < n_rows; ++j) {
     const float* kj = k + j * k_stride;  // [head_dim]
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int d = 0; d < d_vec; d += kLanes) {
       const __m256 kv = _mm256_loadu_ps(kj + d);
-      for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * head_dim + d), kv, acc[r]);
-      }
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
+      if constexpr (R > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, a1);
+      if constexpr (R > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), kv, a2);
+      if constexpr (R > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), kv, a3);
     }
     alignas(16) float dots[4];
-    _mm_store_ps(dots, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    _mm_store_ps(dots, hsum4(a0, a1, a2, a3));
     for (int d = d_vec; d < head_dim; ++d) {
       for (int r = 0; r < R; ++r) dots[r] += q[r * head_dim + d] * kj[d];
     }
@@ -188,66 +195,157 @@ void scores_block(const float* q, const float* k, int64_t k_stride, int64_t n_ro
   }
 }
 
-void attn_scores_avx2(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                      int head_dim, float scale, float* s, int64_t ld_s) {
-  int r = 0;
-  for (; r + 4 <= n_q; r += 4) {
-    scores_block<4>(q + r * head_dim, k, k_stride, n_rows, head_dim, scale, s + r * ld_s, ld_s);
-  }
-  const float* qr = q + r * head_dim;
-  float* sr = s + r * ld_s;
-  switch (n_q - r) {
-    case 3: scores_block<3>(qr, k, k_stride, n_rows, head_dim, scale, sr, ld_s); break;
-    case 2: scores_block<2>(qr, k, k_stride, n_rows, head_dim, scale, sr, ld_s); break;
-    case 1: scores_block<1>(qr, k, k_stride, n_rows, head_dim, scale, sr, ld_s); break;
-    default: break;
-  }
-}
-
-// out[r, 0 : C*8] += Σ_j p[r, j] v[j, 0 : C*8] for R (1..4) rows, accumulators in registers.
-template <int R, int C>
-void accumulate_block(const float* p, int64_t ld_p, const float* v, int64_t v_stride,
-                      int64_t n_rows, int head_dim, float* out) {
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_loadu_ps(out + r * head_dim + c * kLanes);
-  }
-  for (int64_t j = 0; j < n_rows; ++j) {
-    const float* vj = v + j * v_stride;
-    __m256 vv[C];
-    for (int c = 0; c < C; ++c) vv[c] = _mm256_loadu_ps(vj + c * kLanes);
-    for (int r = 0; r < R; ++r) {
-      const __m256 pr = _mm256_broadcast_ss(p + r * ld_p + j);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(pr, vv[c], acc[r][c]);
+// Scores of R (1..2) query rows against blocks of 4 K rows: 4·R accumulators (with the 4 K
+// chunks, R = 2 uses 13 of the 16 registers), so each K and q chunk is loaded once per block and
+// one hsum4 gives a query's 4 scores.
+template <int R>
+void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_blocks, int head_dim,
+                  float scale, float* s, int64_t ld_s) {
+  static_assert(R == 1 || R == 2);
+  const int d_vec = head_dim / kLanes * kLanes;
+  const float* q0 = q;  // [head_dim] each
+  const float* q1 = q + (R > 1 ? head_dim : 0);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float* k0 = k + 4 * b * k_stride;  // [head_dim] each
+    const float* k1 = k0 + k_stride;
+    const float* k2 = k1 + k_stride;
+    const float* k3 = k2 + k_stride;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
+    __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+    for (int d = 0; d < d_vec; d += kLanes) {
+      const __m256 x0 = _mm256_loadu_ps(k0 + d);
+      const __m256 x1 = _mm256_loadu_ps(k1 + d);
+      const __m256 x2 = _mm256_loadu_ps(k2 + d);
+      const __m256 x3 = _mm256_loadu_ps(k3 + d);
+      __m256 qv = _mm256_loadu_ps(q0 + d);
+      c00 = _mm256_fmadd_ps(qv, x0, c00);
+      c01 = _mm256_fmadd_ps(qv, x1, c01);
+      c02 = _mm256_fmadd_ps(qv, x2, c02);
+      c03 = _mm256_fmadd_ps(qv, x3, c03);
+      if constexpr (R > 1) {
+        qv = _mm256_loadu_ps(q1 + d);
+        c10 = _mm256_fmadd_ps(qv, x0, c10);
+        c11 = _mm256_fmadd_ps(qv, x1, c11);
+        c12 = _mm256_fmadd_ps(qv, x2, c12);
+        c13 = _mm256_fmadd_ps(qv, x3, c13);
+      }
     }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + r * head_dim + c * kLanes, acc[r][c]);
+    alignas(16) float dots[2][4];  // [R, 4 rows]
+    _mm_store_ps(dots[0], hsum4(c00, c01, c02, c03));
+    if constexpr (R > 1) _mm_store_ps(dots[1], hsum4(c10, c11, c12, c13));
+    for (int d = d_vec; d < head_dim; ++d) {
+      for (int r = 0; r < R; ++r) {
+        const float qd = q[r * head_dim + d];
+        dots[r][0] += qd * k0[d];
+        dots[r][1] += qd * k1[d];
+        dots[r][2] += qd * k2[d];
+        dots[r][3] += qd * k3[d];
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int row = 0; row < 4; ++row) s[r * ld_s + 4 * b + row] = scale * dots[r][row];
+    }
   }
 }
 
 template <int R>
-void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride,
-                     int64_t n_rows, int head_dim, float* out) {
-  const int d_vec = head_dim / kLanes * kLanes;
-  int d = 0;
-  for (; d + 2 * kLanes <= d_vec; d += 2 * kLanes) {
-    accumulate_block<R, 2>(p, ld_p, v + d, v_stride, n_rows, head_dim, out + d);
-  }
-  if (d < d_vec) {
-    accumulate_block<R, 1>(p, ld_p, v + d, v_stride, n_rows, head_dim, out + d);
-    d += kLanes;
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int64_t j = 0; j < n_rows; ++j) {
-      const float pj = p[r * ld_p + j];
-      for (int dd = d; dd < head_dim; ++dd) out[r * head_dim + dd] += pj * v[j * v_stride + dd];
-    }
+void scores_block(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
+                  float scale, float* s, int64_t ld_s) {
+  const int64_t n_blocks = n_rows / 4;
+  scores_rows4<R>(q, k, k_stride, n_blocks, head_dim, scale, s, ld_s);
+  const int64_t j = 4 * n_blocks;
+  if (j < n_rows) {
+    scores_rows1<R>(q, k + j * k_stride, k_stride, n_rows - j, head_dim, scale, s + j, ld_s);
   }
 }
 
-void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v,
-                          int64_t v_stride, int64_t n_rows, int head_dim, float* out) {
+void attn_scores_avx2(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
+                      int head_dim, float scale, float* s, int64_t ld_s) {
+  int r = 0;
+  for (; r + 2 <= n_q; r += 2) {
+    scores_block<2>(q + r * head_dim, k, k_stride, n_rows, head_dim, scale, s + r * ld_s, ld_s);
+  }
+  if (r < n_q) {
+    scores_block<1>(q + r * head_dim, k, k_stride, n_rows, head_dim, scale, s + r * ld_s, ld_s);
+  }
+}
+
+// out[r, 0:16] += Σ_j p[r, j] · v[j, 0:16] for R (1..4) rows: two 8-lane chunks per row, all
+// accumulators in named registers. kMasked: the two chunks cover only the lanes of m0 and m1.
+template <int R, bool kMasked>
+void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
+                     int head_dim, __m256i m0, __m256i m1, float* out) {
+  auto load = [](const float* x, __m256i m) {
+    if constexpr (kMasked) return _mm256_maskload_ps(x, m);
+    return _mm256_loadu_ps(x);
+  };
+  auto store = [](float* x, __m256i m, __m256 a) {
+    if constexpr (kMasked) {
+      _mm256_maskstore_ps(x, m, a);
+    } else {
+      _mm256_storeu_ps(x, a);
+    }
+  };
+  const float* p0 = p;  // [n_rows] each
+  const float* p1 = p + (R > 1 ? ld_p : 0);
+  const float* p2 = p + (R > 2 ? 2 * ld_p : 0);
+  const float* p3 = p + (R > 3 ? 3 * ld_p : 0);
+  float* o0 = out;  // [16] each
+  float* o1 = out + (R > 1 ? head_dim : 0);
+  float* o2 = out + (R > 2 ? 2 * head_dim : 0);
+  float* o3 = out + (R > 3 ? 3 * head_dim : 0);
+  __m256 a00 = load(o0, m0), a01 = load(o0 + kLanes, m1);
+  __m256 a10 = _mm256_setzero_ps(), a11 = a10, a20 = a10, a21 = a10, a30 = a10, a31 = a10;
+  if constexpr (R > 1) a10 = load(o1, m0), a11 = load(o1 + kLanes, m1);
+  if constexpr (R > 2) a20 = load(o2, m0), a21 = load(o2 + kLanes, m1);
+  if constexpr (R > 3) a30 = load(o3, m0), a31 = load(o3 + kLanes, m1);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const float* vj = v + j * v_stride;
+    const __m256 v0 = load(vj, m0);
+    const __m256 v1 = load(vj + kLanes, m1);
+    __m256 pr = _mm256_broadcast_ss(p0 + j);
+    a00 = _mm256_fmadd_ps(pr, v0, a00);
+    a01 = _mm256_fmadd_ps(pr, v1, a01);
+    if constexpr (R > 1) {
+      pr = _mm256_broadcast_ss(p1 + j);
+      a10 = _mm256_fmadd_ps(pr, v0, a10);
+      a11 = _mm256_fmadd_ps(pr, v1, a11);
+    }
+    if constexpr (R > 2) {
+      pr = _mm256_broadcast_ss(p2 + j);
+      a20 = _mm256_fmadd_ps(pr, v0, a20);
+      a21 = _mm256_fmadd_ps(pr, v1, a21);
+    }
+    if constexpr (R > 3) {
+      pr = _mm256_broadcast_ss(p3 + j);
+      a30 = _mm256_fmadd_ps(pr, v0, a30);
+      a31 = _mm256_fmadd_ps(pr, v1, a31);
+    }
+  }
+  store(o0, m0, a00), store(o0 + kLanes, m1, a01);
+  if constexpr (R > 1) store(o1, m0, a10), store(o1 + kLanes, m1, a11);
+  if constexpr (R > 2) store(o2, m0, a20), store(o2 + kLanes, m1, a21);
+  if constexpr (R > 3) store(o3, m0, a30), store(o3 + kLanes, m1, a31);
+}
+
+template <int R>
+void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
+                     int head_dim, float* out) {
+  const __m256i all = tail_mask(kLanes);
+  int d = 0;
+  for (; d + 2 * kLanes <= head_dim; d += 2 * kLanes) {
+    accumulate_pass<R, false>(p, ld_p, v + d, v_stride, n_rows, head_dim, all, all, out + d);
+  }
+  if (d < head_dim) {
+    const int rem = head_dim - d;  // 1..15
+    const __m256i m0 = tail_mask(rem < kLanes ? rem : kLanes);
+    const __m256i m1 = tail_mask(rem > kLanes ? rem - kLanes : 0);
+    accumulate_pass<R, true>(p, ld_p, v + d, v_stride, n_rows, head_dim, m0, m1, out + d);
+  }
+}
+
+void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+                          int64_t n_rows, int head_dim, float* out) {
   int r = 0;
   for (; r + 4 <= n_q; r += 4) {
     accumulate_rows<4>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, out + r * head_dim);
@@ -255,10 +353,17 @@ void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v,
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
-    case 3: accumulate_rows<3>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r); break;
-    case 2: accumulate_rows<2>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r); break;
-    case 1: accumulate_rows<1>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r); break;
-    default: break;
+    case 3:
+      accumulate_rows<3>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      break;
+    case 2:
+      accumulate_rows<2>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      break;
+    case 1:
+      accumulate_rows<1>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      break;
+    default:
+      break;
   }
 }
 
@@ -266,8 +371,8 @@ void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v,
 
 const OpsKernels& ops_kernels_avx2() {
   static const OpsKernels kernels = {
-      rmsnorm_avx2,     swiglu_avx2,          exp_shifted_sum_avx2, scale_avx2,
-      attn_scores_avx2, attn_accumulate_avx2,
+      rmsnorm_avx2, swiglu_avx2,      exp_shifted_sum_avx2,
+      scale_avx2,   attn_scores_avx2, attn_accumulate_avx2,
   };
   return kernels;
 }

@@ -4,6 +4,7 @@
 // sampled row, both negligible beside the matmuls, so SIMD variants would not pay.
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cpu/ops.h"
 #include "util/check.h"
@@ -60,8 +61,8 @@ void attn_scores_ref(const float* q, int n_q, const float* k, int64_t k_stride, 
   }
 }
 
-void attn_accumulate_ref(const float* p, int64_t ld_p, int n_q, const float* v,
-                         int64_t v_stride, int64_t n_rows, int head_dim, float* out) {
+void attn_accumulate_ref(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+                         int64_t n_rows, int head_dim, float* out) {
   for (int r = 0; r < n_q; ++r) {
     float* out_r = out + static_cast<int64_t>(r) * head_dim;  // [head_dim]
     for (int64_t j = 0; j < n_rows; ++j) {
@@ -76,8 +77,7 @@ void attn_accumulate_ref(const float* p, int64_t ld_p, int n_q, const float* v,
 
 const OpsKernels& ops_kernels_ref() {
   static const OpsKernels kernels = {
-      rmsnorm_ref,         swiglu_ref,      exp_shifted_sum_ref, scale_ref,
-      attn_scores_ref,     attn_accumulate_ref,
+      rmsnorm_ref, swiglu_ref, exp_shifted_sum_ref, scale_ref, attn_scores_ref, attn_accumulate_ref,
   };
   return kernels;
 }
@@ -92,13 +92,17 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int
   // Style kNorm rotates (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + rope_dim/2]).
   const int first_stride = style == RopeStyle::kNorm ? 2 : 1;
   const int second_offset = style == RopeStyle::kNorm ? 1 : n_pairs;
+  // freq_base^(-2i/rope_dim) once per call; the scratch grows once and is kept.
+  thread_local std::vector<float> inv_freq;  // [n_pairs]
+  if (inv_freq.size() < static_cast<size_t>(n_pairs)) inv_freq.resize(static_cast<size_t>(n_pairs));
+  for (int i = 0; i < n_pairs; ++i) {
+    inv_freq[i] = std::pow(freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(rope_dim));
+  }
   for (int64_t t = 0; t < n_tokens; ++t) {
     float* xt = x + t * n_heads * head_dim;  // [n_heads, head_dim]
     const float pos = static_cast<float>(positions[t]);
     for (int i = 0; i < n_pairs; ++i) {
-      const float inv_freq =
-          std::pow(freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(rope_dim));
-      const float theta = pos * freq_scale * inv_freq;
+      const float theta = pos * freq_scale * inv_freq[i];
       const float cos_t = std::cos(theta);
       const float sin_t = std::sin(theta);
       const int a = i * first_stride;

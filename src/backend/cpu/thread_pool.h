@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace specdec {
 
@@ -22,7 +23,7 @@ class ThreadPool {
   // Calls body(thread_index, num_threads) on every thread.
   template <class F>
   void run(F&& body) {
-    run([](void* ctx, int ti, int nt) { (*static_cast<F*>(ctx))(ti, nt); },
+    run([](void* ctx, int ti, int nt) { (*static_cast<std::remove_reference_t<F>*>(ctx))(ti, nt); },
         const_cast<void*>(static_cast<const void*>(&body)));
   }
 

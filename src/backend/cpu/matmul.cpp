@@ -1,0 +1,128 @@
+// matmul(): checks the weight descriptor, then hands over to the variant of the active ISA.
+// dequantize_row(): one row to floats through the common sub-block view.
+#include "backend/cpu/matmul.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "backend/cpu/quant_blocks.h"
+#include "backend/cpu/quant_kernels.h"
+#include "util/check.h"
+
+namespace specdec {
+namespace detail {
+
+ScratchBuffer::~ScratchBuffer() { std::free(data_); }
+
+void* ScratchBuffer::get(size_t bytes) {
+  if (bytes > capacity_) {
+    std::free(data_);
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    data_ = std::aligned_alloc(64, rounded);
+    if (data_ == nullptr) {
+      capacity_ = 0;
+      throw std::bad_alloc();
+    }
+    capacity_ = rounded;
+  }
+  return data_;
+}
+
+ScratchBuffer& thread_scratch(ScratchSlot slot) {
+  thread_local ScratchBuffer buffers[kNumSlots];
+  return buffers[slot];
+}
+
+}  // namespace detail
+
+namespace {
+
+void validate(const WeightMatrix& w, int64_t n, const char* where) {
+  const GgmlTypeTraits* t = ggml_type_traits(static_cast<uint32_t>(w.type));
+  if (t == nullptr || !t->weight_supported) {
+    throw Error(std::string(where) + ": weight type " +
+                ggml_type_name(static_cast<uint32_t>(w.type)) + " is not supported");
+  }
+  if (w.rows < 0 || w.cols <= 0 || w.cols % t->block_size != 0) {
+    throw Error(std::string(where) + ": bad " + t->name + " weight shape " +
+                std::to_string(w.rows) + "x" + std::to_string(w.cols) +
+                " (cols must be a positive multiple of " + std::to_string(t->block_size) + ")");
+  }
+  if (w.row_bytes != ggml_row_bytes(w.type, w.cols)) {
+    throw Error(std::string(where) + ": row_bytes " + std::to_string(w.row_bytes) + " of a " +
+                t->name + " row of " + std::to_string(w.cols) + " elements should be " +
+                std::to_string(ggml_row_bytes(w.type, w.cols)));
+  }
+  if (w.data == nullptr && w.rows > 0) throw Error(std::string(where) + ": weight data is null");
+  if (n < 0) throw Error(std::string(where) + ": negative n " + std::to_string(n));
+}
+
+}  // namespace
+
+void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y,
+                ThreadPool* pool) {
+  validate(w, n, "matmul");
+  if (n == 0 || w.rows == 0) return;
+  switch (isa) {
+    case Isa::kScalar:
+      detail::matmul_ref(w, x, n, y, pool);
+      return;
+    case Isa::kAvx2:
+      SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");
+      detail::matmul_avx2(w, x, n, y, pool);
+      return;
+    case Isa::kAvx512:
+      SPECDEC_CHECK(isa_supported(Isa::kAvx512), "matmul_isa: AVX-512 not supported here");
+      detail::matmul_avx512(w, x, n, y, pool);
+      return;
+  }
+}
+
+void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+  matmul_isa(active_isa(), w, x, n, y, pool);
+}
+
+void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
+  validate(w, 0, "dequantize_row");
+  if (row < 0 || row >= w.rows) {
+    throw Error("dequantize_row: row " + std::to_string(row) + " out of range [0, " +
+                std::to_string(w.rows) + ")");
+  }
+  const auto* p = static_cast<const uint8_t*>(w.data) + row * w.row_bytes;
+  switch (w.type) {
+    case GgmlType::kF32:
+      std::memcpy(out, p, static_cast<size_t>(w.cols) * 4);
+      return;
+    case GgmlType::kF16:
+      for (int64_t k = 0; k < w.cols; ++k) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * k, 2);
+        out[k] = fp16_to_fp32(h);
+      }
+      return;
+    case GgmlType::kBF16:
+      for (int64_t k = 0; k < w.cols; ++k) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * k, 2);
+        out[k] = bf16_to_fp32(h);
+      }
+      return;
+    default:
+      break;
+  }
+  const QuantLayout layout = quant_layout(w.type);
+  uint8_t q[32];  // [sub]
+  for (int64_t b = 0; b < w.cols / layout.sub; ++b) {
+    float dw, mw;
+    decode_sub_block(w.type, p, b, q, &dw, &mw);
+    float* o = out + b * layout.sub;
+    for (int64_t j = 0; j < layout.sub; ++j) {
+      o[j] = layout.has_min ? dw * static_cast<float>(q[j]) + mw
+                            : dw * static_cast<float>(static_cast<int>(q[j]) - layout.offset);
+    }
+  }
+}
+
+}  // namespace specdec

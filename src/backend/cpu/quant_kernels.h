@@ -1,0 +1,66 @@
+// Internal interface between matmul.cpp (validation, dispatch) and the per-ISA matmul files.
+//
+// The arithmetic every variant performs, bit for bit (so each variant equals the scalar
+// reference exactly, and a row's result does not depend on n or on the thread count):
+//
+// Float weights (F32, F16, BF16): y[i][r] = fma chain over k = 0, 1, ..., cols-1 of
+//   acc = fma(w[r][k], x[i][k], acc), starting from acc = 0.
+//
+// Quantized weights: x row i is quantized in blocks of 32 (quantize_activations):
+//   amax = max |x|, d = amax / 127 (0 when amax < kMinActivationAmax), q = nearbyint(x * (1/d)),
+//   and S16 = sum of q over each 16 elements.
+// With the sub-block view of quant_blocks.h (sub = 32 or 16, even sub-blocks "A", odd "B"):
+//   acc[0] = acc[1] = 0
+//   for each sub-block b in order:
+//     isum = sum_j (q_w[j] - offset) * q_x[j]                        (exact integer)
+//     t    = float(isum) * d_x                                       (d_x of the 32-block of b)
+//     acc[b & 1] = fma(t, dw, acc[b & 1])
+//     if has_min: acc[b & 1] = fma(mw, float(S32) * d_x, acc[b & 1])  (S32: q_x sum of b)
+//   y[i][r] = acc[0] + acc[1]
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cpu/matmul.h"
+
+namespace specdec {
+namespace detail {
+
+inline constexpr int64_t kActBlock = 32;               // activation quantization block
+inline constexpr float kMinActivationAmax = 1e-30f;     // smaller blocks quantize to zero
+
+// Reference activation quantization of one row (cols a multiple of 32):
+//   q[cols], d[cols / 32], s16[cols / 16].
+void quantize_activations_ref(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16);
+
+// Per-ISA implementations; arguments already validated, n > 0, rows > 0.
+void matmul_ref(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
+void matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
+void matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
+
+// Per-ISA activation quantization (exposed so tests can check it against the reference).
+void quantize_activations_avx2(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16);
+void quantize_activations_avx512(const float* x, int64_t cols, int8_t* q, float* d,
+                                 int32_t* s16);
+
+// A 64-byte aligned buffer owned by the calling thread, one per slot. get() grows it (the only
+// allocation) when a call needs more than any earlier call on this thread did.
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ~ScratchBuffer();
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  void* get(size_t bytes);
+
+ private:
+  void* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+enum ScratchSlot { kScratchActivations = 0, kScratchWeights = 1, kScratchExtra = 2, kNumSlots = 3 };
+ScratchBuffer& thread_scratch(ScratchSlot slot);
+
+}  // namespace detail
+}  // namespace specdec

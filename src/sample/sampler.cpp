@@ -1,0 +1,327 @@
+#include "sample/sampler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "util/check.h"
+
+namespace specdec {
+
+void SamplingParams::validate() const {
+  if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
+    throw Error(
+        fmt::format("sampling option temperature must be a finite number >= 0 (0 = "
+                    "greedy), got {}",
+                    temperature));
+  }
+  if (top_k < 0) {
+    throw Error(fmt::format("sampling option top_k must be >= 0 (0 = off), got {}", top_k));
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    throw Error(fmt::format("sampling option top_p must be in (0, 1] (1 = off), got {}", top_p));
+  }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    throw Error(fmt::format("sampling option min_p must be in [0, 1] (0 = off), got {}", min_p));
+  }
+  if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f)) {
+    throw Error(
+        fmt::format("sampling option repetition_penalty must be a finite number > 0 "
+                    "(1 = off), got {}",
+                    repetition_penalty));
+  }
+  if (repeat_last_n < -1) {
+    throw Error(
+        fmt::format("sampling option repeat_last_n must be >= -1 (0 = none, -1 = the "
+                    "whole history), got {}",
+                    repeat_last_n));
+  }
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  params_.validate();
+}
+
+float Sampler::penalize(std::span<const float> logits, std::span<const int32_t> history) const {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (n == 0) throw Error("sampler: the logits are empty (n_vocab = 0)");
+  if (n > std::numeric_limits<int32_t>::max()) {
+    throw Error(fmt::format("sampler: n_vocab {} does not fit token ids", n));
+  }
+  logits_.assign(logits.begin(), logits.end());  // [n_vocab]; reuses the capacity
+
+  const float penalty = params_.repetition_penalty;
+  if (penalty != 1.0f && params_.repeat_last_n != 0 && !history.empty()) {
+    const size_t window =
+        params_.repeat_last_n < 0
+            ? history.size()
+            : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
+    const std::span<const int32_t> recent = history.last(window);
+    for (const int32_t t : recent) {
+      if (t < 0 || t >= n) {
+        throw Error(
+            fmt::format("sampler: history token {} is outside the vocabulary [0, {})", t, n));
+      }
+    }
+    if (penalized_.size() < static_cast<size_t>(n)) penalized_.resize(static_cast<size_t>(n), 0);
+    for (const int32_t t : recent) {
+      if (penalized_[t]) continue;  // each distinct token once
+      penalized_[t] = 1;
+      const float l = logits_[t];
+      logits_[t] = l > 0.0f ? l / penalty : l * penalty;
+    }
+    for (const int32_t t : recent) penalized_[t] = 0;
+  }
+
+  // The largest logit and a NaN check in one pass, on 8 independent lanes so that the compiler
+  // can vectorize it (a NaN never wins `x > m`, so it cannot become the maximum).
+  const float* l = logits_.data();
+  float lane_max[8];
+  int32_t lane_nan[8];
+  for (int k = 0; k < 8; ++k)
+    lane_max[k] = -std::numeric_limits<float>::infinity(), lane_nan[k] = 0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) {
+      const float x = l[i + k];
+      lane_max[k] = x > lane_max[k] ? x : lane_max[k];
+      lane_nan[k] |= x != x;
+    }
+  }
+  for (; i < n; ++i) {
+    lane_max[0] = l[i] > lane_max[0] ? l[i] : lane_max[0];
+    lane_nan[0] |= l[i] != l[i];
+  }
+  float max = lane_max[0];
+  int32_t any_nan = lane_nan[0];
+  for (int k = 1; k < 8; ++k) max = lane_max[k] > max ? lane_max[k] : max, any_nan |= lane_nan[k];
+  if (any_nan) {
+    const int64_t at =
+        std::find_if(logits.begin(), logits.end(), [](float x) { return x != x; }) - logits.begin();
+    throw Error(fmt::format("sampler: the logit of token {} is NaN", at));
+  }
+  if (!std::isfinite(max)) {
+    throw Error(fmt::format("sampler: the largest logit is {}; need a finite one", max));
+  }
+  return max;
+}
+
+int32_t Sampler::first_max(float max) const {
+  return static_cast<int32_t>(std::find(logits_.begin(), logits_.end(), max) - logits_.begin());
+}
+
+namespace {
+
+// Splits candidates by a logit threshold chosen from a histogram, so that sorting can start from
+// about the `need` best instead of the whole vocabulary. The bucket of a logit,
+// floor((hi - l) / width) over the finite logits (0 = best), is monotone in l: "bucket <= cut"
+// is a threshold on the logit, and equal logits land on the same side.
+constexpr int kBuckets = 256;
+
+// Writes get(0 .. n-1) to out[0, n): the ones at or above the threshold first, then the rest
+// (in reverse order); returns how many are first: at least `need` (all n when no split helps).
+template <class Candidate, class Get>
+int64_t split_best(const Get& get, int64_t n, int64_t need, Candidate* out) {
+  float hi = -std::numeric_limits<float>::infinity();
+  float lo = std::numeric_limits<float>::infinity();
+  if (need < n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float l = get(i).logit;
+      hi = l > hi ? l : hi;
+      lo = l < lo && l > -std::numeric_limits<float>::infinity() ? l : lo;
+    }
+  }
+  const float inv_width = static_cast<float>(kBuckets) / (hi - lo);
+  if (need >= n || !(hi > lo) || !std::isfinite(inv_width)) {  // all equal or nothing to gain
+    for (int64_t i = 0; i < n; ++i) out[i] = get(i);
+    return n;
+  }
+  auto bucket = [hi, inv_width](float l) {
+    const float f = (hi - l) * inv_width;  // +inf for l = -inf
+    return static_cast<int>(f < kBuckets - 1 ? f : kBuckets - 1);
+  };
+  int64_t counts[kBuckets] = {};
+  for (int64_t i = 0; i < n; ++i) ++counts[bucket(get(i).logit)];
+  int cut = 0;
+  for (int64_t total = counts[0]; total < need; total += counts[++cut]) {
+  }
+  // Without branches: each candidate is written to both ends of the gap, one end advances.
+  int64_t front = 0, back = n;
+  for (int64_t i = 0; i < n; ++i) {
+    const Candidate x = get(i);
+    out[front] = x;
+    out[back - 1] = x;
+    const bool is_front = bucket(x.logit) <= cut;
+    front += is_front;
+    back -= !is_front;
+  }
+  return front;
+}
+
+}  // namespace
+
+void Sampler::start_sorting(int64_t need) const {
+  const int64_t n = static_cast<int64_t>(logits_.size());
+  candidates_.resize(static_cast<size_t>(n));
+  const float* l = logits_.data();
+  auto get = [l](int64_t i) { return Candidate{l[i], static_cast<int32_t>(i)}; };
+  n_front_ = split_best(get, n, std::max<int64_t>(need, 64), candidates_.data());
+  n_sorted_ = 0;
+}
+
+void Sampler::ensure_sorted(int64_t m, int64_t n) const {
+  if (m <= n_sorted_) return;
+  // Grow geometrically: top-p usually stops within the first few dozen tokens, so sorting the
+  // whole vocabulary up front would be wasted. The front narrows nth_element and sort to about
+  // the best `target` tokens; when it is too small, the rest is split again.
+  int64_t target = std::max<int64_t>(2 * n_sorted_, 64);
+  target = std::min(std::max(target, m), n);
+  if (target > n_front_) {
+    const int64_t n_rest = n - n_front_;
+    spill_.assign(candidates_.begin() + n_front_, candidates_.begin() + n);
+    const Candidate* rest = spill_.data();
+    n_front_ += split_best([rest](int64_t i) { return rest[i]; }, n_rest, target - n_front_,
+                           candidates_.data() + n_front_);
+  }
+  const auto first = candidates_.begin() + n_sorted_;
+  const auto last = candidates_.begin() + target;
+  // A lambda (not a function pointer) so that the comparison is inlined.
+  auto better = [](const Candidate& a, const Candidate& b) { return Candidate::better(a, b); };
+  if (target < n_front_) std::nth_element(first, last, candidates_.begin() + n_front_, better);
+  std::sort(first, last, better);
+  n_sorted_ = target;
+}
+
+void Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history,
+                           std::vector<float>* probs) const {
+  const float max = penalize(logits, history);
+  const int64_t n = static_cast<int64_t>(logits.size());
+  probs->assign(static_cast<size_t>(n), 0.0f);  // [n_vocab]
+  float* p = probs->data();
+  const float* l = logits_.data();
+  if (params_.greedy()) {
+    const int32_t best = first_max(max);
+    p[best] = 1.0f;
+    candidates_.resize(1);
+    candidates_[0] = {max, best};
+    kept_sorted_ = true;
+    n_kept_ = 1;
+    return;
+  }
+
+  // The kept set is either every token (sorted == false) or candidates_[0, n_kept).
+  bool sorted = false;
+  int64_t n_kept = n;
+  if (params_.top_k > 0 && params_.top_k < n) {
+    start_sorting(params_.top_k);
+    sorted = true;
+    ensure_sorted(params_.top_k, n);
+    n_kept = params_.top_k;
+  }
+  const Candidate* cand = candidates_.data();
+
+  if (params_.top_p < 1.0f) {
+    double z = 0.0;  // softmax denominator of the kept set at temperature 1
+    if (sorted) {
+      for (int64_t c = 0; c < n_kept; ++c) z += std::exp(cand[c].logit - max);
+    } else {
+      for (int64_t i = 0; i < n; ++i) z += std::exp(l[i] - max);
+      start_sorting(64);
+      sorted = true;
+      cand = candidates_.data();
+    }
+    double cumulative = 0.0;
+    for (int64_t c = 0; c < n_kept; ++c) {
+      ensure_sorted(c + 1, n_kept);
+      cumulative += std::exp(cand[c].logit - max) / z;
+      if (cumulative >= params_.top_p) {
+        n_kept = c + 1;
+        break;
+      }
+    }
+  }
+
+  float threshold = -std::numeric_limits<float>::infinity();
+  if (params_.min_p > 0.0f) {
+    threshold = max + std::log(params_.min_p);
+    if (sorted) {
+      while (n_kept > 1 && cand[n_kept - 1].logit < threshold) --n_kept;
+    }
+  }
+
+  // Temperature and the final softmax over the kept set.
+  const float temperature = params_.temperature;
+  double sum = 0.0;
+  if (sorted) {
+    for (int64_t c = 0; c < n_kept; ++c) {
+      const float e = std::exp((cand[c].logit - max) / temperature);
+      p[cand[c].id] = e;
+      sum += e;
+    }
+    const double inv_sum = 1.0 / sum;
+    for (int64_t c = 0; c < n_kept; ++c) {
+      p[cand[c].id] = static_cast<float>(p[cand[c].id] * inv_sum);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      if (l[i] >= threshold) {
+        p[i] = std::exp((l[i] - max) / temperature);
+        sum += p[i];
+      }
+    }
+    const double inv_sum = 1.0 / sum;
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] * inv_sum);
+  }
+  kept_sorted_ = sorted;
+  n_kept_ = n_kept;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (params_.greedy()) return first_max(penalize(logits, history));
+  distribution(logits, history, &probs_);
+  const float* p = probs_.data();
+  // Inverse CDF over the tokens with a positive probability, in token order. When the kept set
+  // is a (short) list, it is visited in id order; the sums are the same as over the full vector,
+  // whose other entries are 0.
+  auto draw = [&](auto&& for_each_kept) -> int32_t {
+    double total = 0.0;
+    for_each_kept([&](int32_t i) {
+      total += p[i];
+      return false;
+    });
+    const double target = rng_.uniform() * total;
+    double cumulative = 0.0;
+    int32_t chosen = -1;
+    for_each_kept([&](int32_t i) {
+      cumulative += p[i];
+      chosen = i;
+      return cumulative > target;
+    });
+    return chosen;  // the last kept token if rounding left target at the total
+  };
+  int32_t token = -1;
+  if (kept_sorted_) {
+    kept_ids_.resize(static_cast<size_t>(n_kept_));
+    for (int64_t c = 0; c < n_kept_; ++c) kept_ids_[c] = candidates_[c].id;
+    std::sort(kept_ids_.begin(), kept_ids_.end());
+    token = draw([&](auto&& visit) {
+      for (const int32_t i : kept_ids_) {
+        if (p[i] > 0.0f && visit(i)) return;
+      }
+    });
+  } else {
+    const int32_t n = static_cast<int32_t>(probs_.size());
+    token = draw([&](auto&& visit) {
+      for (int32_t i = 0; i < n; ++i) {
+        if (p[i] > 0.0f && visit(i)) return;
+      }
+    });
+  }
+  SPECDEC_CHECK(token >= 0, "sampler: the distribution has no positive probability");
+  return token;
+}
+
+}  // namespace specdec

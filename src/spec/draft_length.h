@@ -1,0 +1,50 @@
+// Adaptive speculation (issue 3 §5): chooses each step's draft length from what speculation
+// has recently earned, so that it never costs more than it saves.
+//
+// Model: each draft token is accepted with probability a (given its parent was), so k drafts
+// yield E(k) = (1 - a^(k+1)) / (1 - a) tokens per target pass. A pass over 1 + k tokens costs
+// t1 + k·c (c: measured extra cost per verified token) plus k·d of drafting (d: measured draft
+// cost per token). The controller picks the k in [0, max] with the best E(k) / cost(k), all
+// three figures being running averages from this sequence. When k = 0 wins, speculation is off
+// for `probe_interval` steps and then probed again with a short draft.
+#pragma once
+
+#include <cstdint>
+
+namespace specdec {
+
+struct DraftLengthConfig {
+  int max_draft = 8;      // upper bound (and the fixed length when !adaptive)
+  bool adaptive = true;
+  int probe_interval = 16;  // steps without speculation before probing again
+  int probe_length = 2;
+  double ema = 0.15;        // weight of the newest observation
+};
+
+class DraftLengthController {
+ public:
+  explicit DraftLengthController(const DraftLengthConfig& config);
+
+  // Draft tokens to ask for this step (0: plain decoding step).
+  int next_length();
+
+  // The step's outcome: drafts proposed (may be fewer than asked), drafts accepted on the path,
+  // seconds spent drafting and in the target pass over 1 + drafted tokens.
+  void record(int drafted, int accepted, double draft_seconds, double pass_seconds);
+
+  double acceptance() const { return accept_; }
+
+ private:
+  DraftLengthConfig config_;
+  double accept_ = 0.6;       // per-token acceptance a (optimistic start so speculation is tried)
+  double t1_ = 0;             // seconds of a 1-token pass (0 = not measured yet)
+  double per_token_ = 0;      // extra seconds per verified draft token
+  double draft_per_token_ = 0;
+  bool have_verify_cost_ = false;
+  int off_steps_ = 0;         // steps left before probing again
+  bool probing_ = false;
+  int steps_since_plain_ = 0;
+  static constexpr int kRemeasureInterval = 64;
+};
+
+}  // namespace specdec

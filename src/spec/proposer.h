@@ -1,0 +1,43 @@
+// The interface every speculative method plugs into (DESIGN §2, spec/).
+//
+// Each decoding step the engine resets a TokenTree to the root (the token the target produced
+// last) and asks the sequence's proposer to grow it with up to `max_tokens` draft tokens. After
+// the target verified the tree in one pass, the proposer is told which drafts were accepted and
+// which token the target added, so that it can update its own state (a draft model's KV cache,
+// an n-gram index, a drafter's RNN input).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "spec/token_tree.h"
+
+namespace specdec {
+
+struct DraftRequest {
+  // Prompt + generated tokens so far; the last one is the tree's root.
+  std::span<const int32_t> tokens;
+  int max_tokens = 0;  // draft nodes to add at most (the root is not counted)
+  // Target's final-normed hidden state at the token before the root ([dim]); empty unless the
+  // proposer asked for it with wants_hidden().
+  std::span<const float> target_hidden;
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  virtual const char* name() const = 0;
+  virtual bool wants_hidden() const { return false; }
+
+  // A new sequence starts (its prompt tokens); drop any state from the previous one.
+  virtual void begin(std::span<const int32_t> prompt) {}
+
+  // Adds drafts to `tree` (already reset to request.tokens.back()). Adding nothing is allowed.
+  virtual void propose(const DraftRequest& request, TokenTree* tree) = 0;
+
+  // The verification outcome: `accepted` drafts (in order) followed the root, then the target's
+  // own `bonus` token, which becomes the next root.
+  virtual void observe(std::span<const int32_t> accepted, int32_t bonus) {}
+};
+
+}  // namespace specdec

@@ -1,0 +1,520 @@
+// Conformance of the element-wise and attention ops: every variant the machine supports against
+// the scalar reference (rmsnorm, swiglu, softmax) or against a direct formula in double (rope,
+// attention), on random data with odd sizes, empty inputs, tree masks and GQA.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/thread_pool.h"
+
+namespace specdec {
+namespace {
+
+// Unit roundoff of float: every correctly rounded float operation errs by at most u relative.
+constexpr double kU = FLT_EPSILON / 2;
+
+const int64_t kSizes[] = {1, 7, 8, 15, 16, 17, 64, 172, 192, 576, 1536};
+
+std::vector<Isa> supported_variants() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (isa_supported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+// SIMD variants only (the reference is compared with itself nowhere).
+std::vector<Isa> simd_variants() {
+  std::vector<Isa> out;
+  for (Isa isa : supported_variants()) {
+    if (isa != Isa::kScalar) out.push_back(isa);
+  }
+  return out;
+}
+
+std::vector<float> random_vector(std::mt19937& gen, int64_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+TEST(Ops, ReportsVariants) {
+  std::string names;
+  for (Isa isa : supported_variants()) names += std::string(isa_name(isa)) + " ";
+  RecordProperty("variants", names);
+  std::printf("variants under test: %s(active: %s)\n", names.c_str(), isa_name(active_isa()));
+  EXPECT_TRUE(isa_supported(Isa::kScalar));
+}
+
+// --- rmsnorm -----------------------------------------------------------------------------------
+
+// The SIMD variants sum squares in float over >= 8 lanes: the sum errs by at most
+// (dim/8 + 4)·u relative (≤ 196·u for dim 1536), 1/sqrt halves that, and the two products add
+// 2·u, so every output is within 1e-5 relative of the double-accumulating reference.
+TEST(Ops, RmsnormMatchesReference) {
+  std::mt19937 gen(1);
+  for (Isa isa : simd_variants()) {
+    for (int64_t dim : kSizes) {
+      for (int64_t n_rows : {0, 1, 3}) {
+        const std::vector<float> x =
+            random_vector(gen, n_rows * dim, -2.0f, 2.0f);                  // [n_rows, dim]
+        const std::vector<float> w = random_vector(gen, dim, -1.5f, 1.5f);  // [dim]
+        std::vector<float> want(x.size() + 1, 7.0f);  // [n_rows, dim] + a guard element
+        std::vector<float> got(x.size() + 1, 7.0f);
+        rmsnorm_isa(Isa::kScalar, x.data(), w.data(), 1e-5f, n_rows, dim, want.data());
+        rmsnorm_isa(isa, x.data(), w.data(), 1e-5f, n_rows, dim, got.data());
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-30)
+              << isa_name(isa) << " dim " << dim << " rows " << n_rows << " at " << i;
+        }
+        EXPECT_EQ(got.back(), 7.0f) << "wrote past the end";
+        // In place (y aliases x) gives the same values.
+        std::vector<float> inplace = x;
+        rmsnorm_isa(isa, inplace.data(), w.data(), 1e-5f, n_rows, dim, inplace.data());
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(inplace[i], got[i]);
+      }
+    }
+  }
+}
+
+TEST(Ops, RmsnormReferenceFormula) {
+  // x = [3, 4]: mean square 12.5, eps 0.5 → 1/sqrt(13) scale.
+  const float x[2] = {3.0f, 4.0f};
+  const float w[2] = {1.0f, -2.0f};
+  float y[2];
+  rmsnorm_isa(Isa::kScalar, x, w, 0.5f, 1, 2, y);
+  EXPECT_NEAR(y[0], 3.0 / std::sqrt(13.0), 1e-7);
+  EXPECT_NEAR(y[1], -8.0 / std::sqrt(13.0), 1e-7);
+}
+
+// --- swiglu ------------------------------------------------------------------------------------
+
+// Inputs mostly in [-8, 8] plus some near the exp overflow / underflow limits.
+std::vector<float> swiglu_gate(std::mt19937& gen, int64_t n) {
+  std::vector<float> g = random_vector(gen, n, -8.0f, 8.0f);
+  std::uniform_real_distribution<float> extreme(80.0f, 100.0f);
+  for (size_t i = 3; i < g.size(); i += 11) g[i] = (i % 2 ? -1.0f : 1.0f) * extreme(gen);
+  return g;
+}
+
+// Against silu(g)·up in double. exp (glibc's or the vector one) is within 1 ulp; 1 + e, the
+// product and the quotient round once each: ≤ 4·u relative (measured ≤ 2.9·u on a dense grid
+// over [-87, 88] for every variant). Absolute 1e-36: below g = -88.7 exp(-g) overflows to inf
+// (in every variant, as in libm) and the result is 0 instead of |g·e^g·up| < 1e-36.
+TEST(Ops, SwigluMatchesFormula) {
+  std::mt19937 gen(2);
+  for (Isa isa : supported_variants()) {
+    for (int64_t n : kSizes) {
+      const std::vector<float> gate = swiglu_gate(gen, n);               // [n]
+      const std::vector<float> up = random_vector(gen, n, -3.0f, 3.0f);  // [n]
+      std::vector<float> got(static_cast<size_t>(n) + 1, 7.0f);          // [n] + guard
+      swiglu_isa(isa, gate.data(), up.data(), n, got.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = gate[i];
+        const double want = g / (1.0 + std::exp(-g)) * up[i];
+        ASSERT_NEAR(got[i], want, 4 * kU * std::fabs(want) + 1e-36)
+            << isa_name(isa) << " n " << n << " gate " << gate[i];
+      }
+      EXPECT_EQ(got.back(), 7.0f) << "wrote past the end";
+      std::vector<float> inplace = gate;
+      swiglu_isa(isa, inplace.data(), up.data(), n, inplace.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(inplace[i], got[i]);
+    }
+    swiglu_isa(isa, nullptr, nullptr, 0, nullptr);  // empty: touches nothing
+  }
+}
+
+// softmax({0, x}) = e^x / (1 + e^x) exercises exp over its whole useful range: exp ≤ 1 ulp, the
+// sum and the quotient ≤ 1 rounding each, so ≤ 4·u relative (measured ≤ 3.1·u).
+TEST(Ops, SoftmaxExpAccuracy) {
+  for (Isa isa : supported_variants()) {
+    for (int i = 0; i <= 20000; ++i) {
+      const float x = -87.0f + 87.0f * static_cast<float>(i) / 20000.0f;
+      float v[2] = {0.0f, x};
+      softmax_isa(isa, v, 2);
+      const double ex = std::exp(static_cast<double>(x));
+      ASSERT_NEAR(v[1], ex / (1.0 + ex), 4 * kU * ex / (1.0 + ex)) << isa_name(isa) << " x " << x;
+      ASSERT_NEAR(v[0], 1.0 / (1.0 + ex), 4 * kU) << isa_name(isa) << " x " << x;
+    }
+  }
+}
+
+TEST(Ops, SwigluReferenceFormula) {
+  const float gate[3] = {0.0f, 1.0f, -2.0f};
+  const float up[3] = {5.0f, 2.0f, 3.0f};
+  float out[3];
+  swiglu_isa(Isa::kScalar, gate, up, 3, out);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_NEAR(out[1], 2.0 / (1.0 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(out[2], 3.0 * -2.0 / (1.0 + std::exp(2.0)), 1e-6);
+}
+
+// --- softmax -----------------------------------------------------------------------------------
+
+// Each exp errs by ≤ 3 ulp; the SIMD sum over ≥ 32 float lanes by ≤ (n/32 + 5)·u ≤ 53·u for
+// n = 1536; the scaling adds 2·u: ≤ 60·u ≈ 3.6e-6 relative, checked at 1e-5. Values whose
+// shifted logit is below ln(FLT_MIN) are 0 or denormal (≤ 1.2e-38): absolute 1e-37.
+TEST(Ops, SoftmaxMatchesReference) {
+  std::mt19937 gen(3);
+  for (Isa isa : simd_variants()) {
+    for (int64_t n : kSizes) {
+      for (float spread : {1.0f, 20.0f, 90.0f}) {
+        const std::vector<float> x = random_vector(gen, n, -spread, spread);  // [n]
+        std::vector<float> want = x;
+        std::vector<float> got = x;
+        softmax_isa(Isa::kScalar, want.data(), n);
+        softmax_isa(isa, got.data(), n);
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_NEAR(got[i], want[i], 1e-5 * want[i] + 1e-37)
+              << isa_name(isa) << " n " << n << " spread " << spread;
+          sum += got[i];
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(Ops, SoftmaxMaskedEntriesAreZero) {
+  for (Isa isa : supported_variants()) {
+    std::vector<float> x = {1.0f,      -INFINITY, 2.0f,      -INFINITY, -INFINITY, 0.5f,
+                            -INFINITY, -INFINITY, -INFINITY, 3.0f,      -INFINITY, -INFINITY,
+                            -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 1.0f};  // [18]
+    softmax_isa(isa, x.data(), static_cast<int64_t>(x.size()));
+    const double z = std::exp(1.0) * 2 + std::exp(2.0) + std::exp(0.5) + std::exp(3.0);
+    EXPECT_NEAR(x[0], std::exp(1.0) / z, 1e-6) << isa_name(isa);
+    EXPECT_NEAR(x[9], std::exp(3.0) / z, 1e-6) << isa_name(isa);
+    for (int i : {1, 3, 4, 6, 7, 8, 10, 16}) EXPECT_EQ(x[i], 0.0f) << isa_name(isa) << " " << i;
+  }
+}
+
+TEST(Ops, DispatchUsesActiveVariant) {
+  std::mt19937 gen(4);
+  const int64_t n = 333;
+  const std::vector<float> x = random_vector(gen, n, -4.0f, 4.0f);
+  const std::vector<float> w = random_vector(gen, n, -1.0f, 1.0f);
+  std::vector<float> a(n), b(n);
+  rmsnorm(x.data(), w.data(), 1e-6f, 1, n, a.data());
+  rmsnorm_isa(active_isa(), x.data(), w.data(), 1e-6f, 1, n, b.data());
+  EXPECT_EQ(a, b);
+  swiglu(x.data(), w.data(), n, a.data());
+  swiglu_isa(active_isa(), x.data(), w.data(), n, b.data());
+  EXPECT_EQ(a, b);
+  a = x;
+  b = x;
+  softmax(a.data(), n);
+  softmax_isa(active_isa(), b.data(), n);
+  EXPECT_EQ(a, b);
+}
+
+// --- rope --------------------------------------------------------------------------------------
+
+// rope in double for one head vector, rotating the pairs of `style`.
+std::vector<double> rope_direct(const float* x, int head_dim, int rope_dim, int pos,
+                                double freq_base, double freq_scale, RopeStyle style) {
+  std::vector<double> y(x, x + head_dim);
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    const double theta = pos * freq_scale * std::pow(freq_base, -2.0 * i / rope_dim);
+    const int a = style == RopeStyle::kNorm ? 2 * i : i;
+    const int b = style == RopeStyle::kNorm ? 2 * i + 1 : i + rope_dim / 2;
+    y[a] = x[a] * std::cos(theta) - x[b] * std::sin(theta);
+    y[b] = x[a] * std::sin(theta) + x[b] * std::cos(theta);
+  }
+  return y;
+}
+
+// rope computes theta in float: freq_base^(-2i/d) (≤ 1 ulp) times pos and freq_scale (2
+// roundings) errs by ≤ 3·u·θ, which moves the rotated pair by ≤ (|x_a| + |x_b|)·3·u·θ; cos, sin
+// and the products and sum add ≤ 4·u·(|x_a| + |x_b|). At θ ≈ 8191 this is ≈ 1.5e-3·|x|: float
+// angles are what llama.cpp computes, and the bound grows with the position accordingly.
+TEST(Ops, RopeMatchesDirectFormula) {
+  std::mt19937 gen(5);
+  const int32_t positions[] = {0, 1, 5, 100, 4095, 8191, 5, 1};  // repeats, as in tree decoding
+  const int64_t n_tokens = 8;
+  const int n_heads = 3;
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
+    for (int head_dim : {64, 16}) {
+      for (int rope_dim : {head_dim, head_dim / 2, 2}) {
+        for (float freq_scale : {1.0f, 0.25f}) {
+          const float freq_base = 10000.0f;
+          // [n_tokens, n_heads, head_dim]
+          const std::vector<float> x = random_vector(gen, n_tokens * n_heads * head_dim, -1, 1);
+          std::vector<float> y = x;
+          rope(y.data(), positions, n_tokens, n_heads, head_dim, rope_dim, freq_base, freq_scale,
+               style);
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            const double theta_max = positions[t] * static_cast<double>(freq_scale);
+            for (int h = 0; h < n_heads; ++h) {
+              const int64_t off = (t * n_heads + h) * head_dim;
+              const std::vector<double> want = rope_direct(
+                  x.data() + off, head_dim, rope_dim, positions[t], freq_base, freq_scale, style);
+              for (int d = 0; d < head_dim; ++d) {
+                if (d >= rope_dim) {
+                  ASSERT_EQ(y[off + d], x[off + d]) << "dims past rope_dim pass through";
+                  continue;
+                }
+                ASSERT_NEAR(y[off + d], want[d], 2.0 * (3 * kU * theta_max + 4 * kU))
+                    << "style " << static_cast<int>(style) << " pos " << positions[t] << " d " << d
+                    << " rope_dim " << rope_dim;
+              }
+            }
+          }
+          // Position 0 is the identity.
+          for (int64_t d = 0; d < n_heads * head_dim; ++d) ASSERT_EQ(y[d], x[d]);
+        }
+      }
+    }
+  }
+}
+
+// kNorm on x equals kNeox on x with the pairs (2i, 2i+1) moved to (i, i + d/2).
+TEST(Ops, RopeStylesAgreeUnderPermutation) {
+  std::mt19937 gen(6);
+  const int head_dim = 32, rope_dim = 32, n_heads = 2;
+  const int32_t positions[] = {3, 77, 1000};
+  const std::vector<float> x = random_vector(gen, 3 * n_heads * head_dim, -1, 1);
+  std::vector<float> norm = x;
+  std::vector<float> neox(x.size());
+  for (int64_t row = 0; row < 3 * n_heads; ++row) {
+    for (int i = 0; i < rope_dim / 2; ++i) {
+      neox[row * head_dim + i] = x[row * head_dim + 2 * i];
+      neox[row * head_dim + i + rope_dim / 2] = x[row * head_dim + 2 * i + 1];
+    }
+  }
+  rope(norm.data(), positions, 3, n_heads, head_dim, rope_dim, 500000.0f, 1.0f, RopeStyle::kNorm);
+  rope(neox.data(), positions, 3, n_heads, head_dim, rope_dim, 500000.0f, 1.0f, RopeStyle::kNeox);
+  for (int64_t row = 0; row < 3 * n_heads; ++row) {
+    for (int i = 0; i < rope_dim / 2; ++i) {
+      EXPECT_EQ(norm[row * head_dim + 2 * i], neox[row * head_dim + i]);
+      EXPECT_EQ(norm[row * head_dim + 2 * i + 1], neox[row * head_dim + i + rope_dim / 2]);
+    }
+  }
+  const std::vector<float> before = norm;
+  rope(norm.data(), positions, 0, n_heads, head_dim, rope_dim, 1e4f, 1.0f, RopeStyle::kNorm);
+  EXPECT_EQ(norm, before) << "n_tokens = 0 changes nothing";
+}
+
+// --- argmax ------------------------------------------------------------------------------------
+
+TEST(Ops, ArgmaxFirstOnTies) {
+  const float a[] = {1.0f, 3.0f, -2.0f, 3.0f, 0.0f};
+  EXPECT_EQ(argmax(a, 5), 1);
+  const float b[] = {-5.0f};
+  EXPECT_EQ(argmax(b, 1), 0);
+  const float c[] = {-INFINITY, -INFINITY, -1.0f};
+  EXPECT_EQ(argmax(c, 3), 2);
+  std::mt19937 gen(7);
+  std::vector<float> big = random_vector(gen, 49152, -10.0f, 10.0f);
+  big[31337] = 11.0f;
+  big[40000] = 11.0f;
+  EXPECT_EQ(argmax(big.data(), static_cast<int64_t>(big.size())), 31337);
+}
+
+// --- attention ---------------------------------------------------------------------------------
+
+bool visible(const AttentionShape& s, const uint8_t* mask, int64_t i, int64_t slot) {
+  if (slot < s.n_past) return true;
+  const int64_t j = slot - s.n_past;
+  return mask == nullptr ? j <= i : mask[i * s.n_new + j] != 0;
+}
+
+// Naive O(n²) attention in double.
+std::vector<double> attention_naive(const AttentionShape& s, const std::vector<float>& q,
+                                    const std::vector<float>& k, const std::vector<float>& v,
+                                    const uint8_t* mask) {
+  const int hd = s.head_dim;
+  const int group = s.n_heads / s.n_kv_heads;
+  std::vector<double> out(static_cast<size_t>(s.n_new * s.n_heads * hd), 0.0);
+  std::vector<double> scores(static_cast<size_t>(s.n_past + s.n_new));
+  for (int64_t i = 0; i < s.n_new; ++i) {
+    for (int h = 0; h < s.n_heads; ++h) {
+      const int kvh = h / group;
+      const float* qh = &q[(i * s.n_heads + h) * hd];
+      double max = -INFINITY;
+      for (int64_t j = 0; j < s.n_past + s.n_new; ++j) {
+        if (!visible(s, mask, i, j)) continue;
+        double dot = 0;
+        for (int d = 0; d < hd; ++d) dot += double{qh[d]} * k[(j * s.n_kv_heads + kvh) * hd + d];
+        scores[j] = dot * s.scale;
+        max = std::max(max, scores[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < s.n_past + s.n_new; ++j) {
+        if (visible(s, mask, i, j)) sum += std::exp(scores[j] - max);
+      }
+      for (int64_t j = 0; j < s.n_past + s.n_new; ++j) {
+        if (!visible(s, mask, i, j)) continue;
+        const double p = std::exp(scores[j] - max) / sum;
+        for (int d = 0; d < hd; ++d) {
+          out[(i * s.n_heads + h) * hd + d] += p * v[(j * s.n_kv_heads + kvh) * hd + d];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// A random tree over the new tokens (parent before child): mask[i][j] = j is i or an ancestor.
+std::vector<uint8_t> tree_mask(std::mt19937& gen, int64_t n) {
+  std::vector<int64_t> parent(static_cast<size_t>(n), -1);
+  std::vector<uint8_t> mask(static_cast<size_t>(n * n), 0);  // [n, n]
+  for (int64_t i = 0; i < n; ++i) {
+    if (i > 0) parent[i] = std::uniform_int_distribution<int64_t>(-1, i - 1)(gen);
+    for (int64_t a = i; a >= 0; a = parent[a]) mask[i * n + a] = 1;
+  }
+  return mask;
+}
+
+// Arbitrary bits with the diagonal set.
+std::vector<uint8_t> random_mask(std::mt19937& gen, int64_t n) {
+  std::vector<uint8_t> mask(static_cast<size_t>(n * n));  // [n, n]
+  std::bernoulli_distribution bit(0.4);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) mask[i * n + j] = i == j || bit(gen);
+  }
+  return mask;
+}
+
+struct AttentionCase {
+  AttentionShape shape;
+  std::vector<uint8_t> mask;  // empty: causal (nullptr)
+};
+
+// Checks every variant, with no pool and with pools of 2 and 3 threads, against the naive
+// double result; results must be bitwise equal across pool sizes (each head's arithmetic is the
+// same whichever thread or task runs it).
+//
+// Tolerance: q, k, v in [-1, 1]. A float dot product of length hd errs by ≤ hd·u·Σ|q_d·k_d| ≤
+// hd²·u, times scale: δ; it moves each probability by ≤ 2δ relative. exp adds ≤ 3 ulp; Σp (float)
+// and the float accumulation of Σ p_j·v_j over n visible rows add ≤ (n + 2)·u each, relative to
+// max|v| ≤ 1. So |out - exact| ≤ 2δ + (2n + 8)·u.
+void check_attention(const AttentionCase& c, ThreadPool* pool2, ThreadPool* pool3,
+                     std::mt19937& gen) {
+  const AttentionShape& s = c.shape;
+  const int64_t n_kv = s.n_past + s.n_new;
+  const std::vector<float> q = random_vector(gen, s.n_new * s.n_heads * s.head_dim, -1, 1);
+  const std::vector<float> k = random_vector(gen, n_kv * s.n_kv_heads * s.head_dim, -1, 1);
+  const std::vector<float> v = random_vector(gen, n_kv * s.n_kv_heads * s.head_dim, -1, 1);
+  const uint8_t* mask = c.mask.empty() ? nullptr : c.mask.data();
+  const std::vector<double> want = attention_naive(s, q, k, v, mask);
+  const double delta = static_cast<double>(s.head_dim) * s.head_dim * kU * s.scale;
+  const double tol = 2 * delta + (2.0 * n_kv + 8) * kU;
+  for (Isa isa : supported_variants()) {
+    const size_t n_out = static_cast<size_t>(s.n_new * s.n_heads * s.head_dim);
+    std::vector<float> out(n_out + 1, 7.0f);  // [n_new, n_heads, head_dim] + guard
+    attention_isa(isa, s, q.data(), k.data(), v.data(), mask, out.data(), nullptr);
+    for (size_t e = 0; e < n_out; ++e) {
+      ASSERT_NEAR(out[e], want[e], tol)
+          << isa_name(isa) << " n_past " << s.n_past << " n_new " << s.n_new << " heads "
+          << s.n_heads << "/" << s.n_kv_heads << " hd " << s.head_dim << " mask "
+          << (mask ? "explicit" : "causal") << " at " << e;
+    }
+    EXPECT_EQ(out.back(), 7.0f) << "wrote past the end";
+    for (ThreadPool* pool : {pool2, pool3}) {
+      std::vector<float> threaded(n_out + 1, 7.0f);
+      attention_isa(isa, s, q.data(), k.data(), v.data(), mask, threaded.data(), pool);
+      ASSERT_EQ(threaded, out) << isa_name(isa) << " with " << pool->size() << " threads";
+    }
+  }
+}
+
+AttentionShape make_shape(int64_t n_past, int64_t n_new, int n_heads, int n_kv_heads,
+                          int head_dim) {
+  AttentionShape s;
+  s.n_past = n_past;
+  s.n_new = n_new;
+  s.n_heads = n_heads;
+  s.n_kv_heads = n_kv_heads;
+  s.head_dim = head_dim;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return s;
+}
+
+TEST(Ops, AttentionMatchesNaive) {
+  std::mt19937 gen(8);
+  ThreadPool pool2(2), pool3(3);
+  for (int ratio : {1, 2, 3}) {
+    for (int head_dim : {64, 20, 8}) {
+      for (int64_t n_past : {0, 1, 17, 130}) {
+        for (int64_t n_new : {1, 2, 7, 16}) {
+          const AttentionShape s = make_shape(n_past, n_new, 2 * ratio, 2, head_dim);
+          check_attention({s, {}}, &pool2, &pool3, gen);
+          check_attention({s, tree_mask(gen, n_new)}, &pool2, &pool3, gen);
+          check_attention({s, random_mask(gen, n_new)}, &pool2, &pool3, gen);
+        }
+      }
+    }
+  }
+}
+
+TEST(Ops, AttentionModelShapes) {
+  std::mt19937 gen(9);
+  ThreadPool pool2(2), pool3(3);
+  // SmolLM2-135M (9/3 heads of 64), a Llama-style 32/8 of 128, multi-query 16/1, and a group of
+  // 70 heads (more than one task's 64) sharing one KV head.
+  check_attention({make_shape(37, 5, 9, 3, 64), {}}, &pool2, &pool3, gen);
+  check_attention({make_shape(37, 5, 9, 3, 64), tree_mask(gen, 5)}, &pool2, &pool3, gen);
+  check_attention({make_shape(11, 3, 32, 8, 128), {}}, &pool2, &pool3, gen);
+  check_attention({make_shape(64, 4, 16, 1, 64), tree_mask(gen, 4)}, &pool2, &pool3, gen);
+  check_attention({make_shape(5, 2, 70, 1, 16), {}}, &pool2, &pool3, gen);
+  check_attention({make_shape(0, 1, 4, 4, 7), {}}, &pool2, &pool3, gen);
+}
+
+TEST(Ops, AttentionLongContext) {
+  std::mt19937 gen(10);
+  ThreadPool pool2(2), pool3(3);
+  check_attention({make_shape(8191, 1, 6, 2, 64), {}}, &pool2, &pool3, gen);
+  check_attention({make_shape(4000, 9, 9, 3, 64), tree_mask(gen, 9)}, &pool2, &pool3, gen);
+  check_attention({make_shape(0, 300, 4, 2, 32), {}}, &pool2, &pool3, gen);
+}
+
+// An explicit lower-triangular mask is the causal case.
+TEST(Ops, AttentionExplicitCausalMaskEqualsNull) {
+  std::mt19937 gen(11);
+  const AttentionShape s = make_shape(10, 6, 6, 2, 32);
+  const std::vector<float> q = random_vector(gen, s.n_new * s.n_heads * s.head_dim, -1, 1);
+  const std::vector<float> k = random_vector(gen, 16 * s.n_kv_heads * s.head_dim, -1, 1);
+  const std::vector<float> v = random_vector(gen, 16 * s.n_kv_heads * s.head_dim, -1, 1);
+  std::vector<uint8_t> causal(36, 0);
+  for (int i = 0; i < 6; ++i) {
+    for (int j = 0; j <= i; ++j) causal[i * 6 + j] = 1;
+  }
+  for (Isa isa : supported_variants()) {
+    std::vector<float> a(q.size()), b(q.size());
+    attention_isa(isa, s, q.data(), k.data(), v.data(), nullptr, a.data(), nullptr);
+    attention_isa(isa, s, q.data(), k.data(), v.data(), causal.data(), b.data(), nullptr);
+    EXPECT_EQ(a, b) << isa_name(isa);
+  }
+}
+
+TEST(Ops, AttentionEmptyAndUnseen) {
+  ThreadPool pool2(2);
+  for (Isa isa : supported_variants()) {
+    // n_new = 0: nothing is read or written.
+    float guard = 7.0f;
+    AttentionShape empty = make_shape(5, 0, 4, 2, 8);
+    attention_isa(isa, empty, nullptr, nullptr, nullptr, nullptr, &guard, &pool2);
+    EXPECT_EQ(guard, 7.0f);
+    // A query that sees no slot at all (n_past = 0, empty mask row) gets zeros.
+    const AttentionShape s = make_shape(0, 2, 2, 1, 8);
+    const std::vector<float> q(2 * 2 * 8, 0.5f), k(2 * 8, 0.25f), v(2 * 8, 3.0f);
+    const uint8_t mask[4] = {0, 0, 1, 1};
+    std::vector<float> out(2 * 2 * 8, 7.0f);
+    attention_isa(isa, s, q.data(), k.data(), v.data(), mask, out.data(), &pool2);
+    for (int e = 0; e < 16; ++e) EXPECT_EQ(out[e], 0.0f);
+    for (int e = 16; e < 32; ++e) EXPECT_NEAR(out[e], 3.0f, 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace specdec

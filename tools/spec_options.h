@@ -1,0 +1,44 @@
+// The speculative-decoding options shared by `generate` and `bench`, and how they become a
+// Proposer plus a draft-length policy for the Generator.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/generator.h"
+#include "model/model.h"
+#include "spec/proposer.h"
+
+namespace CLI {
+class App;
+}
+
+namespace specdec::cli {
+
+struct SpecOptions {
+  std::string spec = "none";  // none | ngram | draft
+  std::string draft_model;
+  std::string num_draft = "auto";  // N (fixed) or auto (adaptive, at most --num-draft-max)
+  int num_draft_max = 8;
+  std::string tree;  // "WIDTH,DEPTH": ngram: merge WIDTH continuations; draft: top-WIDTH at DEPTH levels
+  int ngram_min = 1;
+  int ngram_max = 4;
+  float draft_p_min = 0.0f;
+  float draft_temp = -1.0f;  // < 0: same as the target's temperature
+};
+
+void add_spec_options(CLI::App* cmd, SpecOptions* o);
+
+// What a run with speculation needs; proposer is null for --spec none.
+struct SpecSetup {
+  std::unique_ptr<Model> draft_model;
+  std::unique_ptr<Proposer> proposer;
+  DraftLengthConfig draft_length;
+  std::string description;  // e.g. "ngram (n 1..4, chain, adaptive <= 8)"
+};
+
+// Validates the options (specdec::Error with the option's name when wrong) and builds the setup.
+SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool, int64_t ctx_size,
+                    const SamplingParams& target_sampling, bool quiet);
+
+}  // namespace specdec::cli
