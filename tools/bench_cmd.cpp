@@ -1,6 +1,9 @@
-// specdec bench: prefill and decode speed of one model, with two ratios measured in the same run:
-//   bandwidth_utilization = weight bytes streamed per token × decode tok/s / measured read BW
-//   flop_utilization      = prefill FLOPs / prefill time / measured FLOP peak
+// specdec bench: speed of one model, as ratios measured in the same run.
+//   Without --spec: prefill and batch-1 decode against the machine's roofline
+//     bandwidth_utilization = weight bytes streamed per token × decode tok/s / measured read BW
+//     flop_utilization      = prefill FLOPs / prefill time / measured fp32 FMA peak
+//   With --spec: the same prompts decoded plainly and speculatively (speedup, acceptance, ...).
+//   Both: verify_cost_ratio = time(pass over 8 new tokens) / time(pass over 1).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,10 +19,12 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/roofline.h"
 #include "backend/cpu/thread_pool.h"
+#include "bench_spec.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 #include "util/check.h"
 
 namespace specdec::cli {
@@ -32,6 +37,12 @@ struct BenchOptions {
   int threads = 0;
   int repetitions = 3;
   std::string output_format = "text";
+  SpecOptions spec;
+  std::string prompts_file;
+  std::string prompt = "Once upon a time";
+  bool chat = false;
+  SamplingParams sampling;
+  int ctx_size = 4096;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -56,24 +67,15 @@ std::vector<int32_t> synthetic_tokens(int n, int n_vocab, uint64_t seed) {
   return t;
 }
 
-void run_bench(const BenchOptions& o) {
-  const bool json = o.output_format == "json";
-  const std::string path = resolve_model_path(o.model);
-  std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/json);
-  const ModelConfig& c = model->config();
-  const int threads = o.threads > 0 ? o.threads : default_threads();
-  ThreadPool pool(threads);
-  if (o.n_prompt + o.n_gen + 1 > c.n_ctx_train) {
+void roofline_bench(const BenchOptions& o, Model& model, ThreadPool& pool, nlohmann::json& j) {
+  const bool quiet = o.output_format == "json";
+  const ModelConfig& c = model.config();
+  if (o.n_prompt + o.n_gen + 8 > c.n_ctx_train) {
     throw Error(fmt::format("-p {} plus -n {} exceed the model's context of {} tokens", o.n_prompt,
                             o.n_gen, c.n_ctx_train));
   }
-  KvCache kv = model->make_kv_cache(o.n_prompt + o.n_gen + 1);
-  auto log = [&](const std::string& s) {
-    if (!json) fmt::print(stderr, "{}\n", s);
-  };
-
-  // Machine roofline, measured now on the same threads.
-  log("measuring memory bandwidth and FLOP peak ...");
+  KvCache kv = model.make_kv_cache(o.n_prompt + o.n_gen + 8);
+  if (!quiet) fmt::print(stderr, "measuring memory bandwidth and FLOP peak ...\n");
   const double bw_gbs = measure_read_bandwidth_gbs(&pool);
   const double peak_gflops = measure_peak_gflops(active_isa(), &pool);
 
@@ -83,6 +85,7 @@ void run_bench(const BenchOptions& o) {
   for (int i = 0; i < o.n_prompt; ++i) positions[i] = i;
   const int32_t last_row = o.n_prompt - 1;
   double prefill_best = 1e30;
+  if (!quiet) fmt::print(stderr, "prefill: {} tokens x {} ...\n", o.n_prompt, o.repetitions);
   for (int rep = 0; rep < o.repetitions + 1 && o.n_prompt > 0; ++rep) {
     kv.clear();
     ForwardBatch b;
@@ -90,15 +93,16 @@ void run_bench(const BenchOptions& o) {
     b.positions = positions;
     b.output_rows = {&last_row, 1};
     const auto t0 = std::chrono::steady_clock::now();
-    model->forward(kv, b, &pool);
-    const double s = seconds_since(t0);
-    if (rep > 0) prefill_best = std::min(prefill_best, s);  // rep 0 warms up
+    model.forward(kv, b, &pool);
+    if (rep > 0) prefill_best = std::min(prefill_best, seconds_since(t0));  // rep 0 warms up
   }
   const double prefill_tok_s = o.n_prompt > 0 ? o.n_prompt / prefill_best : 0;
-  const double prefill_gflops = o.n_prompt > 0 ? prefill_flops(c, o.n_prompt) / prefill_best / 1e9 : 0;
+  const double prefill_gflops =
+      o.n_prompt > 0 ? prefill_flops(c, o.n_prompt) / prefill_best / 1e9 : 0;
 
   // Decode at batch 1: n_gen single-token passes after a short context, best of repetitions.
-  const std::vector<int32_t> gen_tokens = synthetic_tokens(o.n_gen + 16, c.n_vocab, 2);
+  if (!quiet) fmt::print(stderr, "decode: {} tokens x {} ...\n", o.n_gen, o.repetitions);
+  const std::vector<int32_t> gen_tokens = synthetic_tokens(o.n_gen + 8, c.n_vocab, 2);
   double decode_best = 1e30;
   for (int rep = 0; rep < o.repetitions && o.n_gen > 0; ++rep) {
     kv.clear();
@@ -111,43 +115,101 @@ void run_bench(const BenchOptions& o) {
       b.positions = {&pos, 1};
       b.output_rows = {&zero, 1};
       const auto t0 = std::chrono::steady_clock::now();
-      model->forward(kv, b, &pool);
+      model.forward(kv, b, &pool);
       if (i >= 4) total += seconds_since(t0);  // the first passes warm caches up
     }
     decode_best = std::min(decode_best, total);
   }
   const double decode_tok_s = o.n_gen > 0 ? o.n_gen / decode_best : 0;
-  const double bytes_per_token = static_cast<double>(model->weight_bytes());
+  const double bytes_per_token = static_cast<double>(model.weight_bytes());
   const double achieved_gbs = bytes_per_token * decode_tok_s / 1e9;
-  const double bw_util = achieved_gbs / bw_gbs;
-  const double flop_util = prefill_gflops / peak_gflops;
 
-  if (json) {
-    nlohmann::json j;
-    j["model"] = path;
-    j["threads"] = threads;
-    j["isa"] = isa_name(active_isa());
-    j["n_prompt"] = o.n_prompt;
-    j["n_gen"] = o.n_gen;
-    j["prefill_tok_s"] = prefill_tok_s;
-    j["prefill_gflops"] = prefill_gflops;
-    j["decode_tok_s"] = decode_tok_s;
-    j["weight_bytes_per_token"] = bytes_per_token;
-    j["decode_gbs"] = achieved_gbs;
-    j["measured_bandwidth_gbs"] = bw_gbs;
-    j["measured_peak_gflops"] = peak_gflops;
-    j["bandwidth_utilization"] = bw_util;
-    j["flop_utilization"] = flop_util;
+  j["n_prompt"] = o.n_prompt;
+  j["n_gen"] = o.n_gen;
+  j["prefill_tok_s"] = prefill_tok_s;
+  j["prefill_gflops"] = prefill_gflops;
+  j["decode_tok_s"] = decode_tok_s;
+  j["weight_bytes_per_token"] = bytes_per_token;
+  j["decode_gbs"] = achieved_gbs;
+  j["measured_bandwidth_gbs"] = bw_gbs;
+  j["measured_peak_gflops"] = peak_gflops;
+  j["bandwidth_utilization"] = achieved_gbs / bw_gbs;
+  j["flop_utilization"] = prefill_gflops / peak_gflops;
+}
+
+void run_bench(BenchOptions& o) {
+  const bool quiet = o.output_format == "json";
+  const std::string path = resolve_model_path(o.model);
+  std::unique_ptr<Model> model = load_model_with_progress(path, quiet);
+  const ModelConfig& c = model->config();
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+  ThreadPool pool(threads);
+  o.sampling.validate();
+  const int64_t ctx = std::min<int64_t>(o.ctx_size, c.n_ctx_train);
+  SpecSetup spec = make_spec(o.spec, *model, &pool, ctx, o.sampling, quiet);
+
+  nlohmann::json j;
+  j["model"] = path;
+  j["threads"] = threads;
+  j["isa"] = isa_name(active_isa());
+  if (!spec.proposer) roofline_bench(o, *model, pool, j);
+  const int verify_context = std::clamp(o.n_prompt, 1, c.n_ctx_train - 16);
+  if (!quiet) fmt::print(stderr, "verify cost: 8-token vs 1-token pass at context {} ...\n", verify_context);
+  j["verify_cost_ratio"] = measure_verify_cost_ratio(*model, &pool, verify_context, 20);
+  j["verify_context"] = verify_context;
+
+  if (spec.proposer) {
+    std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file());
+    std::vector<std::string> texts =
+        o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : read_prompts_file(o.prompts_file);
+    SpecBenchInput in;
+    for (const std::string& t : texts) {
+      if (o.chat) {
+        in.prompts.push_back(tok->encode(tok->apply_chat_template({{"user", t}}, true), false, true));
+      } else {
+        in.prompts.push_back(tok->encode(t, true, true));
+      }
+      if (static_cast<int64_t>(in.prompts.back().size()) + o.n_gen + 1 > ctx) {
+        throw Error(fmt::format("a prompt of {} tokens plus -n {} does not fit the context of {}",
+                                in.prompts.back().size(), o.n_gen, ctx));
+      }
+    }
+    in.n_gen = o.n_gen;
+    in.sampling = o.sampling;
+    in.stop_tokens = tok->eog_ids();
+    in.ctx_size = ctx;
+    in.quiet = quiet;
+    j.update(run_spec_bench(*model, &pool, spec, in));
+  }
+
+  if (quiet) {
     std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    fmt::print("model: {}\nthreads: {}, kernels: {}\n", c.summary(), threads, isa_name(active_isa()));
+    return;
+  }
+  fmt::print("model: {}\nthreads: {}, kernels: {}\n", c.summary(), threads, j["isa"].get<std::string>());
+  if (j.contains("prefill_tok_s")) {
     fmt::print("measured read bandwidth: {:.1f} GB/s, measured fp32 FMA peak: {:.1f} GFLOP/s\n",
-               bw_gbs, peak_gflops);
+               j["measured_bandwidth_gbs"].get<double>(), j["measured_peak_gflops"].get<double>());
     fmt::print("prefill ({} tokens): {:.1f} tok/s, {:.1f} GFLOP/s = {:.1f}% of peak\n", o.n_prompt,
-               prefill_tok_s, prefill_gflops, 100 * flop_util);
-    fmt::print("decode (batch 1, {} tokens): {:.1f} tok/s, {:.1f} MB/token, {:.1f} GB/s = {:.1f}% of "
-               "measured bandwidth\n",
-               o.n_gen, decode_tok_s, bytes_per_token / 1e6, achieved_gbs, 100 * bw_util);
+               j["prefill_tok_s"].get<double>(), j["prefill_gflops"].get<double>(),
+               100 * j["flop_utilization"].get<double>());
+    fmt::print("decode (batch 1, {} tokens): {:.1f} tok/s, {:.1f} MB/token, {:.1f} GB/s = {:.1f}% "
+               "of measured bandwidth\n",
+               o.n_gen, j["decode_tok_s"].get<double>(), j["weight_bytes_per_token"].get<double>() / 1e6,
+               j["decode_gbs"].get<double>(), 100 * j["bandwidth_utilization"].get<double>());
+  }
+  fmt::print("verify cost ratio (8 tokens vs 1, context {}): {:.2f}\n", verify_context,
+             j["verify_cost_ratio"].get<double>());
+  if (spec.proposer) {
+    fmt::print("speculation: {}\n", spec.description);
+    fmt::print("plain {:.1f} tok/s, speculative {:.1f} tok/s: speedup {:.2f}x\n",
+               j["plain_tok_s"].get<double>(), j["spec_tok_s"].get<double>(), j["speedup"].get<double>());
+    fmt::print("acceptance rate {:.1f}%, mean accepted length {:.2f}, tokens per target pass {:.2f}, "
+               "target passes {} (plain {}), identical outputs {}/{}\n",
+               100 * j["acceptance_rate"].get<double>(), j["mean_accepted_length"].get<double>(),
+               j["tokens_per_pass"].get<double>(), j["spec_target_passes"].get<int64_t>(),
+               j["plain_target_passes"].get<int64_t>(), j["identical_outputs"].get<int>(),
+               j["prompts"].get<int>());
   }
 }
 
@@ -155,17 +217,29 @@ void run_bench(const BenchOptions& o) {
 
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Measure prefill/decode speed against the machine's roofline");
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Measure speed: prefill/decode against the roofline, or --spec against plain decoding");
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct)");
-  cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the prefill measurement")
+  cmd->add_option("-p,--n-prompt", o->n_prompt,
+                  "Prompt tokens for the prefill measurement (and the context of the verify cost)")
       ->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  cmd->add_option("-n,--n-gen", o->n_gen, "Tokens for the decode measurement")
+  cmd->add_option("-n,--n-gen", o->n_gen, "Tokens to decode (per prompt with --spec)")
       ->check(CLI::Range(0, 1 << 20))->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("-r,--repetitions", o->repetitions, "Repetitions (best is reported)")
       ->check(CLI::Range(1, 100))->capture_default_str();
+  cmd->add_option("--prompts", o->prompts_file, "With --spec: file of prompts, one JSON string a line");
+  cmd->add_option("--prompt", o->prompt, "With --spec and no --prompts: the one prompt")->capture_default_str();
+  cmd->add_flag("--chat", o->chat, "Apply the model's chat template to each prompt");
+  cmd->add_option("--temp", o->sampling.temperature, "Temperature for --spec runs; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", o->sampling.top_k, "Top-k (0 = off)")->capture_default_str();
+  cmd->add_option("--top-p", o->sampling.top_p, "Top-p (1 = off)")->capture_default_str();
+  cmd->add_option("--seed", o->sampling.seed, "Random seed")->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx_size, "Context size for --spec runs")
+      ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  add_spec_options(cmd, &o->spec);
   cmd->callback([o] { run_bench(*o); });
 }
 

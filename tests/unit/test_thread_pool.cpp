@@ -29,7 +29,9 @@ void expect_exact_cover(ThreadPool& pool, int64_t n, int64_t grain) {
   }
   EXPECT_FALSE(misaligned.load()) << "n=" << n << " grain=" << grain;
   EXPECT_LE(calls.load(), pool.size());
-  if (n == 0) EXPECT_EQ(calls.load(), 0);
+  if (n == 0) {
+    EXPECT_EQ(calls.load(), 0);
+  }
 }
 
 TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {

@@ -1,0 +1,167 @@
+// DraftLengthController: fixed mode returns the fixed length whatever happens; adaptive mode
+// measures a plain pass first, then drafts the maximum, switches speculation off when drafts are
+// rejected and verification is expensive, probes again after probe_interval plain steps, and
+// stays at the maximum when drafts are accepted and verification is cheap.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "spec/draft_length.h"
+
+namespace specdec {
+namespace {
+
+// A simulated sequence: a 1-token pass costs t1 seconds, each extra verified token `per_token`,
+// each draft token `draft`; `accept(k)` says how many of k drafts are accepted.
+struct Sim {
+  double t1 = 0.010;
+  double per_token = 0.001;
+  double draft = 0.0;
+
+  template <class Accept>
+  int step(DraftLengthController& c, Accept accept) const {
+    const int k = c.next_length();
+    if (k == 0) {
+      c.record(0, 0, 0.0, t1);
+    } else {
+      c.record(k, accept(k), k * draft, t1 + k * per_token);
+    }
+    return k;
+  }
+};
+
+DraftLengthConfig adaptive_config(int max_draft) {
+  DraftLengthConfig c;
+  c.max_draft = max_draft;
+  c.adaptive = true;
+  c.probe_interval = 16;
+  c.probe_length = 2;
+  return c;
+}
+
+TEST(DraftLength, FixedModeReturnsTheFixedLength) {
+  for (int len : {0, 1, 3, 8}) {
+    DraftLengthConfig config;
+    config.adaptive = false;
+    config.max_draft = len;
+    DraftLengthController c(config);
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_EQ(c.next_length(), len);
+      // Whatever the outcome: all rejected and very expensive, or all accepted.
+      if (i % 2) {
+        c.record(len, 0, 1.0, 10.0);
+      } else {
+        c.record(len, len, 0.0, 0.001);
+      }
+    }
+  }
+  DraftLengthConfig negative;
+  negative.adaptive = false;
+  negative.max_draft = -2;
+  EXPECT_EQ(DraftLengthController(negative).next_length(), 0);
+  DraftLengthConfig zero = adaptive_config(0);
+  EXPECT_EQ(DraftLengthController(zero).next_length(), 0);
+}
+
+TEST(DraftLength, AdaptiveMeasuresAPlainPassThenDraftsTheMaximum) {
+  DraftLengthController c(adaptive_config(6));
+  EXPECT_EQ(c.next_length(), 0);  // t1 unknown: a plain pass first
+  c.record(0, 0, 0.0, 0.010);
+  EXPECT_EQ(c.next_length(), 6);  // verification cost unknown: try the maximum
+}
+
+TEST(DraftLength, AdaptiveTurnsOffWhenNothingIsAcceptedAndVerificationIsCostly) {
+  DraftLengthConfig config = adaptive_config(8);
+  DraftLengthController c(config);
+  // Every extra verified token costs half a plain pass, drafting costs a tenth: no draft is ever
+  // accepted, so every draft token is pure loss.
+  const Sim sim{.t1 = 0.010, .per_token = 0.005, .draft = 0.001};
+  auto none = [](int) { return 0; };
+  int first_off = -1;
+  std::vector<int> lengths;
+  for (int i = 0; i < 40 && first_off < 0; ++i) {
+    const int k = sim.step(c, none);
+    lengths.push_back(k);
+    if (i >= 2 && k == 0) first_off = i;
+  }
+  ASSERT_GE(first_off, 0) << "speculation never turned off";
+  EXPECT_LE(first_off, 12) << "turning off took too long";
+  EXPECT_LT(c.acceptance(), 0.3);
+  // It stays off for probe_interval steps (the deciding step included), then probes with
+  // probe_length drafts.
+  for (int i = 1; i < config.probe_interval; ++i) EXPECT_EQ(sim.step(c, none), 0) << "step " << i;
+  EXPECT_EQ(sim.step(c, none), config.probe_length);
+  // The probe failed as well: off again for another interval, then another probe.
+  int zeros = 0;
+  int k = 0;
+  while ((k = sim.step(c, none)) == 0 && zeros < 100) ++zeros;
+  EXPECT_EQ(zeros, config.probe_interval);
+  EXPECT_EQ(k, config.probe_length);
+}
+
+TEST(DraftLength, AdaptiveComesBackWhenAProbeSucceeds) {
+  DraftLengthConfig config = adaptive_config(8);
+  DraftLengthController c(config);
+  const Sim costly{.t1 = 0.010, .per_token = 0.005, .draft = 0.001};
+  auto none = [](int) { return 0; };
+  int k = 0;
+  for (int i = 0; i < 60; ++i) costly.step(c, none);
+  // Now drafts become cheap to verify and always accepted (the text turned repetitive).
+  const Sim cheap{.t1 = 0.010, .per_token = 0.0002, .draft = 0.0};
+  auto all = [](int n) { return n; };
+  int spec_steps = 0;
+  for (int i = 0; i < 200; ++i) {
+    k = cheap.step(c, all);
+    if (i >= 100 && k > 0) ++spec_steps;
+  }
+  EXPECT_GT(spec_steps, 90) << "speculation did not come back after successful probes";
+  EXPECT_EQ(k == 0 ? config.max_draft : k, config.max_draft);
+  EXPECT_GT(c.acceptance(), 0.9);
+}
+
+TEST(DraftLength, AdaptiveGoesToTheMaximumWhenAcceptedAndCheap) {
+  DraftLengthConfig config = adaptive_config(7);
+  DraftLengthController c(config);
+  const Sim sim{.t1 = 0.010, .per_token = 0.0003, .draft = 0.0001};
+  auto all = [](int n) { return n; };
+  int plain = 0;
+  const int steps = 300;
+  for (int i = 0; i < steps; ++i) {
+    const int k = sim.step(c, all);
+    if (k == 0) {
+      ++plain;
+    } else {
+      EXPECT_EQ(k, config.max_draft) << "step " << i;
+    }
+  }
+  // Only the occasional plain pass that re-measures t1 (every 64 steps or so).
+  EXPECT_LE(plain, 1 + steps / 60);
+  EXPECT_GT(c.acceptance(), 0.95);
+}
+
+TEST(DraftLength, AdaptivePicksAMiddleLengthForPartialAcceptance) {
+  // Acceptance 1/2 per token: the expected tokens per pass saturate near 2, so a long draft only
+  // adds cost. With a per-token cost of a fifth of a pass the best length is short.
+  DraftLengthConfig config = adaptive_config(8);
+  DraftLengthController c(config);
+  const Sim sim{.t1 = 0.010, .per_token = 0.002, .draft = 0.0};
+  int toggle = 0;
+  auto half = [&toggle](int n) {
+    // Alternating 0 and 1 accepted: about one success per failure, acceptance near 1/2.
+    return (toggle++ % 2 == 0) ? 0 : std::min(n, 1);
+  };
+  std::vector<int> lengths;
+  for (int i = 0; i < 200; ++i) lengths.push_back(sim.step(c, half));
+  int long_drafts = 0, spec = 0;
+  for (int i = 100; i < 200; ++i) {
+    if (lengths[i] > 0) ++spec;
+    if (lengths[i] > 4) ++long_drafts;
+  }
+  EXPECT_GT(spec, 50) << "speculation should still pay at acceptance ~1/2";
+  EXPECT_EQ(long_drafts, 0);
+  EXPECT_GT(c.acceptance(), 0.3);
+  EXPECT_LT(c.acceptance(), 0.7);
+}
+
+}  // namespace
+}  // namespace specdec

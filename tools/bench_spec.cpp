@@ -1,0 +1,154 @@
+#include "bench_spec.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "engine/generator.h"
+#include "util/check.h"
+
+namespace specdec::cli {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps) {
+  const ModelConfig& c = model.config();
+  context = std::min(context, c.n_ctx_train - 16);
+  KvCache kv = model.make_kv_cache(context + 16);
+  std::vector<int32_t> tokens(context + 8);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
+  prefill(model, kv, {tokens.data(), static_cast<size_t>(context)}, 512, pool);
+  std::vector<int32_t> positions(8), rows(8);
+  for (int i = 0; i < 8; ++i) {
+    positions[i] = context + i;
+    rows[i] = i;
+  }
+  auto pass = [&](int n) {
+    ForwardBatch b;
+    b.tokens = {tokens.data() + context, static_cast<size_t>(n)};
+    b.positions = {positions.data(), static_cast<size_t>(n)};
+    b.output_rows = {rows.data(), static_cast<size_t>(n)};  // verification needs every row
+    const auto t0 = std::chrono::steady_clock::now();
+    model.forward(kv, b, pool);
+    const double s = seconds_since(t0);
+    kv.truncate(context);
+    return s;
+  };
+  pass(1);
+  pass(8);
+  std::vector<double> t1, t8;
+  for (int r = 0; r < reps; ++r) {
+    t1.push_back(pass(1));
+    t8.push_back(pass(8));
+  }
+  return median(t8) / median(t1);
+}
+
+std::vector<std::string> read_prompts_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(fmt::format("{}: cannot open prompts file", path));
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}:{}: not a JSON string: {}", path, line_no, e.what()));
+    }
+    if (!j.is_string()) throw Error(fmt::format("{}:{}: expected a JSON string", path, line_no));
+    prompts.push_back(j.get<std::string>());
+  }
+  if (prompts.empty()) throw Error(fmt::format("{}: no prompts", path));
+  return prompts;
+}
+
+nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
+                              const SpecBenchInput& in) {
+  Generator gen(model, pool, in.ctx_size);
+  GenerationConfig plain;
+  plain.max_new_tokens = in.n_gen;
+  plain.sampling = in.sampling;
+  plain.stop_tokens = in.stop_tokens;
+  GenerationConfig specd = plain;
+  specd.proposer = spec.proposer.get();
+  specd.draft = spec.draft_length;
+
+  // Warm-up: one short run of each kind (page faults, thread pool, scratch growth).
+  {
+    GenerationConfig w = plain;
+    w.max_new_tokens = std::min(16, in.n_gen);
+    gen.generate(in.prompts[0], w, nullptr, nullptr);
+    w.proposer = specd.proposer;
+    w.draft = specd.draft;
+    gen.generate(in.prompts[0], w, nullptr, nullptr);
+  }
+
+  double plain_s = 0, spec_s = 0;
+  int64_t plain_tokens = 0, spec_tokens = 0, passes = 0, spec_passes = 0, drafted = 0,
+          accepted = 0, plain_passes = 0;
+  int identical = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < in.prompts.size(); ++i) {
+    GenerationStats ps, ss;
+    const std::vector<int32_t> a = gen.generate(in.prompts[i], plain, nullptr, &ps);
+    const std::vector<int32_t> b = gen.generate(in.prompts[i], specd, nullptr, &ss);
+    identical += a == b;
+    plain_s += ps.decode_seconds;
+    spec_s += ss.decode_seconds;
+    plain_tokens += ps.n_generated;
+    spec_tokens += ss.n_generated;
+    plain_passes += ps.n_forward_passes;
+    passes += ss.n_forward_passes;
+    spec_passes += ss.n_spec_passes;
+    drafted += ss.n_drafted;
+    accepted += ss.n_accepted;
+    const double row_speedup = (ss.n_generated / ss.decode_seconds) / (ps.n_generated / ps.decode_seconds);
+    rows.push_back({{"prompt_tokens", in.prompts[i].size()},
+                    {"generated", ss.n_generated},
+                    {"plain_tok_s", ps.n_generated / ps.decode_seconds},
+                    {"spec_tok_s", ss.n_generated / ss.decode_seconds},
+                    {"speedup", row_speedup},
+                    {"acceptance_rate", ss.acceptance_rate()},
+                    {"tokens_per_pass", ss.tokens_per_pass()},
+                    {"identical", a == b}});
+    if (!in.quiet) {
+      fmt::print(stderr, "prompt {:2d}/{}: {:4d} tokens, plain {:6.1f} tok/s, spec {:6.1f} tok/s, "
+                         "speedup {:.2f}x, accepted {}/{}, {:.2f} tokens/pass{}\n",
+                 i + 1, in.prompts.size(), ss.n_generated, ps.n_generated / ps.decode_seconds,
+                 ss.n_generated / ss.decode_seconds, row_speedup, ss.n_accepted, ss.n_drafted,
+                 ss.tokens_per_pass(), a == b ? "" : " (outputs differ)");
+    }
+  }
+  nlohmann::json j;
+  j["spec"] = spec.description;
+  j["prompts"] = in.prompts.size();
+  j["plain_tok_s"] = plain_tokens / plain_s;
+  j["spec_tok_s"] = spec_tokens / spec_s;
+  j["speedup"] = (spec_tokens / spec_s) / (plain_tokens / plain_s);
+  j["acceptance_rate"] = drafted ? static_cast<double>(accepted) / drafted : 0.0;
+  j["mean_accepted_length"] = spec_passes ? static_cast<double>(accepted) / spec_passes : 0.0;
+  j["tokens_per_pass"] = passes ? static_cast<double>(accepted + passes) / passes : 0.0;
+  j["plain_target_passes"] = plain_passes;
+  j["spec_target_passes"] = passes;
+  j["drafted"] = drafted;
+  j["accepted"] = accepted;
+  j["identical_outputs"] = identical;
+  j["per_prompt"] = rows;
+  return j;
+}
+
+}  // namespace specdec::cli

@@ -1,0 +1,39 @@
+// The speculative half of `specdec bench`: the same prompts decoded plainly and with speculation
+// in one run, and the cost of verifying 8 tokens in one pass relative to decoding 1.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/thread_pool.h"
+#include "model/model.h"
+#include "sample/sampler.h"
+#include "spec_options.h"
+
+namespace specdec::cli {
+
+// time(pass over 8 new tokens) / time(pass over 1 new token) after `context` cached tokens,
+// median of `reps` alternating measurements.
+double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps);
+
+struct SpecBenchInput {
+  std::vector<std::vector<int32_t>> prompts;  // tokenized
+  int n_gen = 128;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_tokens;
+  int64_t ctx_size = 4096;
+  bool quiet = false;
+};
+
+// Runs every prompt plain and with the spec setup (alternating, after a warm-up) and returns the
+// figures: speedup, plain_tok_s, spec_tok_s, acceptance_rate, mean_accepted_length,
+// tokens_per_pass, target passes, identical_outputs (greedy only), per-prompt rows.
+nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
+                              const SpecBenchInput& in);
+
+// One JSON string per line (blank lines skipped). Throws specdec::Error naming file and line.
+std::vector<std::string> read_prompts_file(const std::string& path);
+
+}  // namespace specdec::cli
