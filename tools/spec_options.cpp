@@ -100,7 +100,6 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
     c.p_min = o.draft_p_min;
     c.sampling = target_sampling;
     if (o.draft_temp >= 0) c.sampling.temperature = o.draft_temp;
-    c.sampling.seed = target_sampling.seed ^ 0x9e3779b97f4a7c15ull;  // its own stream
     c.sample = !c.sampling.greedy();
     c.branch_top_k = width;
     c.branch_levels = depth;

@@ -74,7 +74,7 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
   const int n_vocab = model_.config().n_vocab;
   kv_.clear();
   st.n_prompt = n_prompt;
-  if (proposer) proposer->begin(prompt);
+  if (proposer) proposer->begin(prompt, config.sampling.seed);
 
   std::vector<int32_t> history(prompt.begin(), prompt.end());  // prompt + generated
   std::vector<int32_t> out;

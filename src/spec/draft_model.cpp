@@ -42,10 +42,13 @@ DraftModelProposer::DraftModelProposer(Model& draft, const Model& target, Thread
   if (config.branch_top_k < 1) throw Error("draft branch top-k must be >= 1");
 }
 
-void DraftModelProposer::begin(std::span<const int32_t> prompt) {
+void DraftModelProposer::begin(std::span<const int32_t> prompt, uint64_t seed) {
   kv_.clear();
   cached_.clear();
-  sampler_ = Sampler(config_.sampling);
+  SamplingParams params = config_.sampling;
+  uint64_t x = seed ^ 0xd1b54a32d192ed03ull;  // a stream of its own, distinct from the target's
+  params.seed = Rng::splitmix64(&x);
+  sampler_ = Sampler(params);
 }
 
 std::span<const float> DraftModelProposer::step(int32_t token) {

@@ -20,7 +20,8 @@ class ThreadPool;
 struct DraftModelConfig {
   float p_min = 0.0f;      // stop drafting when the draft's top probability falls below this
   bool sample = false;     // sample drafts from q (kept for verification) instead of greedy
-  SamplingParams sampling; // the draft's own sampling when `sample` (temperature, filters, seed)
+  SamplingParams sampling; // the draft's own sampling when `sample` (temperature, filters);
+                           // its seed is derived per sequence from the seed given to begin()
   int branch_top_k = 1;    // > 1: also add the next-best k-1 tokens as leaf siblings ...
   int branch_levels = 0;   // ... at the first branch_levels depths of the chain
 };
@@ -31,7 +32,7 @@ class DraftModelProposer final : public Proposer {
   DraftModelProposer(Model& draft, const Model& target, ThreadPool* pool, int64_t ctx_size,
                      const DraftModelConfig& config);
   const char* name() const override { return "draft"; }
-  void begin(std::span<const int32_t> prompt) override;
+  void begin(std::span<const int32_t> prompt, uint64_t seed) override;
   void propose(const DraftRequest& request, TokenTree* tree) override;
 
  private:

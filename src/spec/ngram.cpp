@@ -51,7 +51,9 @@ void NgramProposer::propose(const DraftRequest& request, TokenTree* tree) {
       const int64_t start = j + n;  // first token after the match
       if (std::find(starts_.begin(), starts_.end(), start) != starts_.end()) continue;
       starts_.push_back(start);
-      const int cont_len = static_cast<int>(std::min<int64_t>(budget, len - start));
+      // Tokens shared with an earlier continuation cost no budget, so the continuation is not
+      // cut at `budget` tokens: insert() stops at the budget'th new node (or the sequence end).
+      const int cont_len = static_cast<int>(std::min<int64_t>(len - start, budget + tree->size()));
       const int added = insert(tree, t + start, cont_len, budget);
       budget -= added;
       if (added > 0) ++continuations;

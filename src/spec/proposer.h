@@ -29,8 +29,10 @@ class Proposer {
   virtual const char* name() const = 0;
   virtual bool wants_hidden() const { return false; }
 
-  // A new sequence starts (its prompt tokens); drop any state from the previous one.
-  virtual void begin(std::span<const int32_t> prompt) {}
+  // A new sequence starts (its prompt tokens); drop any state from the previous one. `seed` is
+  // the sequence's sampling seed: a proposer that draws random drafts must derive its stream
+  // from it, so that drafts are fresh draws for every sequence yet replay exactly.
+  virtual void begin(std::span<const int32_t> prompt, uint64_t seed) {}
 
   // Adds drafts to `tree` (already reset to request.tokens.back()). Adding nothing is allowed.
   virtual void propose(const DraftRequest& request, TokenTree* tree) = 0;

@@ -18,7 +18,9 @@
 namespace specdec::test {
 
 // Standard normal upper tail: P(Z > z).
-inline double normal_sf(double z) { return 0.5 * std::erfc(z / std::sqrt(2.0)); }
+inline double normal_sf(double z) {
+  return 0.5 * std::erfc(z / std::sqrt(2.0));
+}
 
 // z with P(Z > z) = alpha, by bisection on normal_sf (monotone), alpha in (0, 1).
 inline double normal_upper_quantile(double alpha) {
@@ -67,7 +69,9 @@ inline double gamma_q(double a, double x) {
 }
 
 // P(X > x) for X ~ chi-square with `dof` degrees of freedom.
-inline double chi_square_sf(double x, double dof) { return gamma_q(0.5 * dof, 0.5 * x); }
+inline double chi_square_sf(double x, double dof) {
+  return gamma_q(0.5 * dof, 0.5 * x);
+}
 
 // Wilson–Hilferty: (X / k)^(1/3) is close to normal with mean 1 - 2/(9k), variance 2/(9k).
 // Accurate to a fraction of a percent from a few degrees of freedom up.

@@ -85,12 +85,14 @@ Model* SmolLM2::model_ = nullptr;
 Tokenizer* SmolLM2::tok_ = nullptr;
 ThreadPool* SmolLM2::pool_ = nullptr;
 
-// Range: a 135M instruction-tuned model on simple, well-formed English prose. Measured with this
-// implementation at {PPL_MEASURED}; published small-model perplexities on clean English text sit
-// in the 8–30 band. The bounds leave room for kernel rounding (the Q8 activation path moves it by
-// far less than 1%) while a broken model lands far outside (the tests below show by how much).
-constexpr double kPplLow = 5.0;
-constexpr double kPplHigh = 30.0;
+// Range: an independent float64 NumPy forward of the same GGUF (weights dequantized exactly,
+// the 295 tokens of plain-english.txt; SmolLM2 adds no BOS) gives 24.76; with activations rounded to 8-bit blocks
+// before each matmul, as our integer kernels (and llama.cpp's) do, 24.80. This implementation
+// measures 24.89 (AVX-512) and the scalar/AVX2 variants agree to well under 1%. The band ±12%
+// around the reference leaves room for kernel rounding only; a wrong RoPE lands near 230 and
+// off-by-one token ids near 17000 (tests below), far outside.
+constexpr double kPplLow = 22.0;
+constexpr double kPplHigh = 28.0;
 
 TEST_F(SmolLM2, PerplexityOnPlainEnglishInRange) {
   const std::vector<int32_t> tokens = english_tokens();
@@ -125,10 +127,18 @@ TEST_F(SmolLM2, BrokenTokenizerPushesPerplexityFarOutside) {
   EXPECT_GT(ppl, 10 * kPplHigh);
 }
 
+// Questions with unambiguous answers. (Not "the capital of France": there the first answer token
+// is a near-tie, "The" vs "L", 0.25 logits apart in a float64 reference that quantizes activations
+// to 8 bits as our kernels and llama.cpp's do, and the 135M model then wanders off.)
 TEST_F(SmolLM2, ChatAnswersAreCoherent) {
-  const std::string capital = chat("What is the capital of France?", 40);
-  std::printf("Q: capital of France\nA: %s\n", capital.c_str());
-  EXPECT_NE(capital.find("Paris"), std::string::npos) << capital;
+  const std::string capital = chat("What is the capital of Japan?", 40);
+  std::printf("Q: capital of Japan\nA: %s\n", capital.c_str());
+  EXPECT_NE(capital.find("Tokyo"), std::string::npos) << capital;
+
+  const std::string week = chat("How many days are in a week?", 40);
+  std::printf("Q: days in a week\nA: %s\n", week.c_str());
+  EXPECT_TRUE(week.find('7') != std::string::npos || week.find("seven") != std::string::npos)
+      << week;
 
   const std::string colors = chat("Name three primary colors.", 60);
   std::printf("Q: three primary colors\nA: %s\n", colors.c_str());

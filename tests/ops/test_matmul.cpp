@@ -626,7 +626,7 @@ TEST(Matmul, IndependentOfBatchSizeAndThreads) {
   ThreadPool pool(2);
   for (GgmlType type : kAllTypes) {
     SCOPED_TRACE(type_name(type));
-    const int64_t rows = 37, cols = min_cols(type) == 256 ? 512 : 160, n = 21;
+    const int64_t rows = 37, cols = min_cols(type) == 256 ? 512 : 160, n = 37;
     const Weights w = make_weights(type, rows, cols, 5, true);
     const std::vector<float> x = make_activations(n, cols, 6);
     for (Isa isa : simd_isas()) {

@@ -18,7 +18,7 @@ using Nodes = std::vector<std::pair<int, int32_t>>;
 
 Nodes propose(const NgramConfig& config, const std::vector<int32_t>& tokens, int budget) {
   NgramProposer p(config);
-  p.begin(tokens);
+  p.begin(tokens, 0);
   TokenTree tree;
   tree.reset(tokens.empty() ? 0 : tokens.back());
   DraftRequest req;
@@ -64,8 +64,11 @@ TEST(NgramProposer, MostRecentOccurrenceFirst) {
   // Two continuations as sibling branches, the most recent one first.
   const Nodes want = {{0, 8}, {1, 1}, {2, 2}, {0, 7}, {4, 1}, {5, 2}};
   EXPECT_EQ(propose(config(1, 4, 2), t, 6), want);
+  // With room, the older continuation runs to the end of the sequence: 7 1 2 8 1 2.
+  const Nodes want10 = {{0, 8}, {1, 1}, {2, 2}, {0, 7}, {4, 1}, {5, 2}, {6, 8}, {7, 1}, {8, 2}};
+  EXPECT_EQ(propose(config(1, 4, 2), t, 10), want10);
   // A third width finds no new continuation: the 1-gram matches start where the 2-gram ones did.
-  EXPECT_EQ(propose(config(1, 4, 3), t, 10), want);
+  EXPECT_EQ(propose(config(1, 4, 3), t, 10), want10);
   // max_matches bounds the occurrences examined per n: only the most recent one.
   EXPECT_EQ(propose(config(1, 4, 2, 1), t, 6), chain({8, 1, 2}));
 }

@@ -12,17 +12,15 @@
 namespace specdec {
 namespace {
 
-std::vector<int32_t> to_vec(std::span<const int32_t> s) { return {s.begin(), s.end()}; }
+std::vector<int32_t> to_vec(std::span<const int32_t> s) {
+  return {s.begin(), s.end()};
+}
 
 // node: 0    1    2    3    4    5    6
 // token 10   11   12   13   14   15   16
 // parent -   0    1    0    1    3    0
 //
-//            0
-//        /   |    \
-//       1    3     6
-//      / \   |
-//     2   4  5
+// Children: 0 -> {1, 3, 6}, 1 -> {2, 4}, 3 -> {5}; leaves 2, 4, 5, 6.
 TokenTree example_tree() {
   TokenTree t;
   t.reset(10);

@@ -5,23 +5,18 @@
 // panels of 48 rows into a transposed fp32 buffer panel[k][48] (L2-resident), and a register
 // tile of up to 8 activation rows x 48 outputs (24 zmm accumulators) walks k, broadcasting one
 // activation per row and k.
-// GCC 12 warns about the intentionally undefined vectors inside its own AVX-512 intrinsics
-// (_mm512_undefined_*) once they are inlined; the warning is a known false positive.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/quant_weights_avx512.h"
 #include "backend/cpu/thread_pool.h"
 
 namespace specdec {
 namespace detail {
 namespace {
+
+using avx512::transpose16;
 
 constexpr int kPanelRows = 48;  // NR: weight rows per panel (3 zmm of outputs)
 constexpr int kTileRows = 8;    // MR: activation rows per register tile
@@ -35,32 +30,6 @@ inline __m512 load16(const uint8_t* row, int64_t k0, __mmask16 mask) {
   } else {
     const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, row + 2 * k0));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-  }
-}
-
-// In place: a[r] (16 floats of row r) becomes column r of the original 16 x 16 block.
-inline void transpose16(__m512 a[16]) {
-  __m512 b[16], c[16];
-  for (int i = 0; i < 8; ++i) {
-    b[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
-    b[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    c[4 * i + 0] = _mm512_shuffle_ps(b[4 * i], b[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    c[4 * i + 1] = _mm512_shuffle_ps(b[4 * i], b[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    c[4 * i + 2] = _mm512_shuffle_ps(b[4 * i + 1], b[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    c[4 * i + 3] = _mm512_shuffle_ps(b[4 * i + 1], b[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  // c[4 i + e], 128-bit lane L = rows 4 i .. 4 i + 3 at column 4 L + e.
-  for (int e = 0; e < 4; ++e) {
-    const __m512 d0 = _mm512_shuffle_f32x4(c[e], c[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 d1 = _mm512_shuffle_f32x4(c[e], c[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 f0 = _mm512_shuffle_f32x4(c[8 + e], c[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 f1 = _mm512_shuffle_f32x4(c[8 + e], c[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    a[e] = _mm512_shuffle_f32x4(d0, f0, _MM_SHUFFLE(2, 0, 2, 0));
-    a[8 + e] = _mm512_shuffle_f32x4(d0, f0, _MM_SHUFFLE(3, 1, 3, 1));
-    a[4 + e] = _mm512_shuffle_f32x4(d1, f1, _MM_SHUFFLE(2, 0, 2, 0));
-    a[12 + e] = _mm512_shuffle_f32x4(d1, f1, _MM_SHUFFLE(3, 1, 3, 1));
   }
 }
 

@@ -9,6 +9,12 @@
 // the worker sees the new job or run() sees the sleeper and notifies under the same mutex.
 // A run() issued while the pool is already busy (a nested call from inside a job, or a second
 // thread) executes inline as a single-thread job instead of deadlocking.
+//
+// Every wait is a spin (a decode step's jobs are microseconds apart), but on an oversubscribed
+// machine the kernel may put two pool threads on one core; a waiter that spins there starves the
+// thread it waits for until the time slice ends (milliseconds). So each thread publishes the CPU
+// it runs on, and a waiter yields as soon as the thread it waits for last ran on its own CPU
+// (and after kYieldAfterNs of waiting regardless).
 #include "backend/cpu/thread_pool.h"
 
 #include <atomic>
@@ -16,9 +22,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <sched.h>
 
 #include "util/check.h"
 
@@ -38,12 +47,23 @@ constexpr int64_t kSpinNs = 100'000;
 // How long the caller polls for the workers to finish before it starts yielding its core (only
 // matters when the machine is oversubscribed and a worker was descheduled).
 constexpr int64_t kWaitSpinNs = 200'000;
+// After this long, any wait yields on every check.
+constexpr int64_t kYieldAfterNs = 50'000;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+int current_cpu() {
+  const int cpu = sched_getcpu();
+  return cpu < 0 ? -2 : cpu;  // -2 never equals a published CPU (-1 = not published yet)
+}
+
+struct alignas(64) PaddedCpu {
+  std::atomic<int> cpu{-1};
+};
 
 }  // namespace
 
@@ -58,20 +78,30 @@ struct ThreadPool::Shared {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::thread> workers;
+  std::unique_ptr<PaddedCpu[]> cpus;  // [num_threads] CPU each thread last reported
+
+  void publish_cpu(int index) { cpus[index].cpu.store(current_cpu(), std::memory_order_relaxed); }
+  bool shares_my_cpu(int index, int my_cpu) const {
+    return cpus[index].cpu.load(std::memory_order_relaxed) == my_cpu;
+  }
 
   // Waits until the generation differs from `seen` (or stop); returns the new generation.
-  uint64_t wait_for_job(uint64_t seen) {
+  uint64_t wait_for_job(int index, uint64_t seen) {
     int64_t start = 0;
+    int my_cpu = current_cpu();
+    cpus[index].cpu.store(my_cpu, std::memory_order_relaxed);
     for (uint32_t i = 0;; ++i) {
       const uint64_t g = generation.load(std::memory_order_acquire);
       if (g != seen || stop.load(std::memory_order_relaxed)) return g;
       SPECDEC_CPU_RELAX();
       if ((i & 63) == 63) {
         const int64_t t = now_ns();
-        if (start == 0) {
-          start = t;
-        } else if (t - start > kSpinNs) {
-          break;
+        if (start == 0) start = t;
+        if (t - start > kSpinNs) break;
+        if (shares_my_cpu(0, my_cpu) || t - start > kYieldAfterNs) {
+          std::this_thread::yield();
+          my_cpu = current_cpu();
+          cpus[index].cpu.store(my_cpu, std::memory_order_relaxed);
         }
       }
     }
@@ -89,23 +119,45 @@ struct ThreadPool::Shared {
   void worker_main(int index, int num_threads) {
     uint64_t seen = 0;
     for (;;) {
-      seen = wait_for_job(seen);
+      seen = wait_for_job(index, seen);
       if (stop.load(std::memory_order_acquire)) return;
+      publish_cpu(index);
       fn(ctx, index, num_threads);
       pending.fetch_sub(1, std::memory_order_release);
     }
   }
 
-  void wait_for_workers() {
+  // Spins until *flag != 0, yielding when thread `awaited` shares this CPU or after a while.
+  void wait_for_flag(const std::atomic<int>& flag, int awaited) const {
     int64_t start = 0;
+    int my_cpu = current_cpu();
+    for (uint32_t i = 0; flag.load(std::memory_order_acquire) == 0; ++i) {
+      SPECDEC_CPU_RELAX();
+      if ((i & 15) == 15) {
+        const int64_t t = now_ns();
+        if (start == 0) start = t;
+        if (shares_my_cpu(awaited, my_cpu) || t - start > kYieldAfterNs) {
+          std::this_thread::yield();
+          my_cpu = current_cpu();
+        }
+      }
+    }
+  }
+
+  void wait_for_workers(int num_threads) {
+    int64_t start = 0;
+    int my_cpu = current_cpu();
     for (uint32_t i = 0; pending.load(std::memory_order_acquire) != 0; ++i) {
       SPECDEC_CPU_RELAX();
-      if ((i & 63) == 63) {
+      if ((i & 15) == 15) {
         const int64_t t = now_ns();
-        if (start == 0) {
-          start = t;
-        } else if (t - start > kWaitSpinNs) {
+        if (start == 0) start = t;
+        bool shared = t - start > kWaitSpinNs;
+        for (int w = 1; w < num_threads && !shared; ++w) shared = shares_my_cpu(w, my_cpu);
+        if (shared || t - start > kYieldAfterNs) {
           std::this_thread::yield();
+          my_cpu = current_cpu();
+          cpus[0].cpu.store(my_cpu, std::memory_order_relaxed);
         }
       }
     }
@@ -117,6 +169,7 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads), shared_(new
     delete shared_;
     throw Error("ThreadPool: num_threads must be >= 1, got " + std::to_string(num_threads));
   }
+  shared_->cpus = std::make_unique<PaddedCpu[]>(static_cast<size_t>(num_threads));
   shared_->workers.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 1; i < num_threads; ++i) {
     shared_->workers.emplace_back([s = shared_, i, num_threads] { s->worker_main(i, num_threads); });
@@ -139,6 +192,7 @@ void ThreadPool::run(void (*fn)(void* ctx, int thread_index, int num_threads), v
     fn(ctx, 0, 1);  // single-thread pool, or a nested / concurrent call: run inline
     return;
   }
+  s.publish_cpu(0);
   s.fn = fn;
   s.ctx = ctx;
   s.pending.store(num_threads_ - 1, std::memory_order_relaxed);
@@ -153,9 +207,14 @@ void ThreadPool::run(void (*fn)(void* ctx, int thread_index, int num_threads), v
   } catch (...) {
     error = std::current_exception();  // the workers still use ctx: wait for them first
   }
-  s.wait_for_workers();
+  s.wait_for_workers(num_threads_);
   s.busy.store(false, std::memory_order_release);
   if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::wait_for_flag(const std::atomic<int>& flag, int awaited) const {
+  if (awaited < 0 || awaited >= num_threads_) awaited = 0;
+  shared_->wait_for_flag(flag, awaited);
 }
 
 }  // namespace specdec

@@ -3,6 +3,7 @@
 // step launches a few hundred small jobs) and then sleep. run() does not allocate.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -26,6 +27,12 @@ class ThreadPool {
     run([](void* ctx, int ti, int nt) { (*static_cast<std::remove_reference_t<F>*>(ctx))(ti, nt); },
         const_cast<void*>(static_cast<const void*>(&body)));
   }
+
+  // For jobs whose threads wait on each other: returns once flag != 0 (acquire). Spins, but
+  // yields the core whenever thread `awaited` of this pool (the one that sets the flag) last ran
+  // on this same core, and after 50 us regardless - so an oversubscribed machine that puts two
+  // pool threads on one core does not make the waiter starve the thread it waits for.
+  void wait_for_flag(const std::atomic<int>& flag, int awaited) const;
 
   // Splits [0, n) into contiguous chunks (multiples of `grain`) and calls body(begin, end).
   template <class F>
