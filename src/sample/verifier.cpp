@@ -95,13 +95,14 @@ void Verifier::verify(const TokenTree& tree, std::span<const float> logits, int 
           }
           alive = subtract_draft(p_, q);
         }
-        if (!alive) break;
+        if (!alive) {
+          // No mass left: p was one-hot on x (deterministic) or p == q (sampled), where the
+          // acceptance probability is exactly 1 and only float rounding rejected x. Accept it.
+          next = c;
+          break;
+        }
       }
-      if (next < 0) {
-        // Nothing left only happens through float rounding on a one-hot p; fall back to p.
-        if (!alive) sampler.distribution(row, hist_, &p_);
-        bonus = sample_from_probs(p_, sampler.rng());
-      }
+      if (next < 0) bonus = sample_from_probs(p_, sampler.rng());
     }
     if (next < 0) {
       result->bonus = bonus;

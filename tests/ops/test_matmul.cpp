@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -40,7 +40,9 @@ std::vector<Isa> simd_isas() {
   return out;
 }
 
-const char* type_name(GgmlType t) { return ggml_type_traits(t).name; }
+const char* type_name(GgmlType t) {
+  return ggml_type_traits(t).name;
+}
 
 void put_f16(uint8_t* p, float v) {
   const uint16_t h = fp32_to_fp16(v);
@@ -62,7 +64,8 @@ void quantize_block_32(GgmlType type, const float* x, uint8_t* out) {
     }
   }
   auto nibble_pack = [&](const int* q, uint8_t* qs) {
-    for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
+    for (int j = 0; j < 16; ++j)
+      qs[j] = static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
   };
   auto high_bits = [&](const int* q, uint8_t* qh) {
     uint32_t bits = 0;
@@ -77,7 +80,8 @@ void quantize_block_32(GgmlType type, const float* x, uint8_t* out) {
       const float d = signed_max / -static_cast<float>(levels);
       const float id = d != 0.0f ? 1.0f / d : 0.0f;
       for (int j = 0; j < 32; ++j) {
-        q[j] = std::clamp(static_cast<int>(std::floor(x[j] * id + levels + 0.5f)), 0, 2 * levels - 1);
+        q[j] =
+            std::clamp(static_cast<int>(std::floor(x[j] * id + levels + 0.5f)), 0, 2 * levels - 1);
       }
       put_f16(out, d);
       if (type == GgmlType::kQ4_0) {
@@ -93,7 +97,8 @@ void quantize_block_32(GgmlType type, const float* x, uint8_t* out) {
       const int top = type == GgmlType::kQ4_1 ? 15 : 31;
       const float d = (mx - mn) / static_cast<float>(top);
       const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      for (int j = 0; j < 32; ++j) q[j] = std::clamp(static_cast<int>(std::lround((x[j] - mn) * id)), 0, top);
+      for (int j = 0; j < 32; ++j)
+        q[j] = std::clamp(static_cast<int>(std::lround((x[j] - mn) * id)), 0, top);
       put_f16(out, d);
       put_f16(out + 2, mn);
       if (type == GgmlType::kQ4_1) {
@@ -108,7 +113,8 @@ void quantize_block_32(GgmlType type, const float* x, uint8_t* out) {
       const float d = amax / 127.0f;
       const float id = d != 0.0f ? 1.0f / d : 0.0f;
       put_f16(out, d);
-      for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
+      for (int j = 0; j < 32; ++j)
+        out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
       return;
     }
     default:
@@ -213,7 +219,9 @@ std::vector<float> make_activations(int64_t n, int64_t cols, uint32_t seed) {
   return x;
 }
 
-int64_t min_cols(GgmlType type) { return ggml_type_traits(type).block_size == 256 ? 256 : 32; }
+int64_t min_cols(GgmlType type) {
+  return ggml_type_traits(type).block_size == 256 ? 256 : 32;
+}
 
 // First index where two float arrays differ in bits, or -1.
 int64_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
@@ -263,13 +271,16 @@ std::vector<float> ggml_style_dequantize(GgmlType type, const uint8_t* row, int6
           const int xh1 = (qh >> (j + 12)) & 0x10;
           const int x0 = (qs[j] & 0x0f) | xh0;
           const int x1 = (qs[j] >> 4) | xh1;
-          out[j] = min ? static_cast<float>(x0) * h(b) + h(b + 2) : static_cast<float>(x0 - 16) * h(b);
-          out[j + 16] = min ? static_cast<float>(x1) * h(b) + h(b + 2) : static_cast<float>(x1 - 16) * h(b);
+          out[j] =
+              min ? static_cast<float>(x0) * h(b) + h(b + 2) : static_cast<float>(x0 - 16) * h(b);
+          out[j + 16] =
+              min ? static_cast<float>(x1) * h(b) + h(b + 2) : static_cast<float>(x1 - 16) * h(b);
         }
         break;
       }
       case GgmlType::kQ8_0:
-        for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * h(b);
+        for (int j = 0; j < 32; ++j)
+          out[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * h(b);
         break;
       case GgmlType::kQ4_K:
       case GgmlType::kQ5_K: {
@@ -415,7 +426,8 @@ TEST(Dequantize, HandBuiltBlocks) {
       b.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
     }
     for (int c = 0; c < 4; ++c) {
-      for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<uint8_t>((l % 16) | ((15 - l % 16) << 4));
+      for (int l = 0; l < 32; ++l)
+        b.qs[32 * c + l] = static_cast<uint8_t>((l % 16) | ((15 - l % 16) << 4));
     }
     WeightMatrix w{GgmlType::kQ4_K, &b, 1, 256, 144};
     float out[256];
@@ -443,7 +455,8 @@ TEST(Dequantize, HandBuiltBlocks) {
     float out[256];
     dequantize_row(w, 0, out);
     for (int e = 0; e < 256; ++e) {
-      EXPECT_EQ(out[e], 0.5f * static_cast<float>(e / 16 - 8) * static_cast<float>(e % 64 - 32)) << e;
+      EXPECT_EQ(out[e], 0.5f * static_cast<float>(e / 16 - 8) * static_cast<float>(e % 64 - 32))
+          << e;
     }
   }
   // F16 / BF16 / F32.
@@ -566,17 +579,17 @@ std::vector<float> run(Isa isa, const Weights& w, const std::vector<float>& x, i
 
 void expect_variants_equal_reference(GgmlType type, int64_t rows, int64_t cols, int64_t n,
                                      uint32_t seed, ThreadPool* pool) {
-  SCOPED_TRACE(std::string(type_name(type)) + " rows=" + std::to_string(rows) + " cols=" +
-               std::to_string(cols) + " n=" + std::to_string(n));
+  SCOPED_TRACE(std::string(type_name(type)) + " rows=" + std::to_string(rows) +
+               " cols=" + std::to_string(cols) + " n=" + std::to_string(n));
   const Weights w = make_weights(type, rows, cols, seed, seed % 2 == 0);
   const std::vector<float> x = make_activations(n, cols, seed + 1);
   const std::vector<float> want = run(Isa::kScalar, w, x, n, pool);
   for (Isa isa : simd_isas()) {
     const std::vector<float> got = run(isa, w, x, n, pool);
     const int64_t at = first_bit_difference(want, got);
-    ASSERT_EQ(at, -1) << isa_name(isa) << ": first difference at " << at << " (x row "
-                      << at / rows << ", weight row " << at % rows << "): " << got[at]
-                      << " vs reference " << want[at];
+    ASSERT_EQ(at, -1) << isa_name(isa) << ": first difference at " << at << " (x row " << at / rows
+                      << ", weight row " << at % rows << "): " << got[at] << " vs reference "
+                      << want[at];
   }
 }
 
@@ -636,7 +649,8 @@ TEST(Matmul, IndependentOfBatchSizeAndThreads) {
       for (int64_t i = 0; i < n; ++i) {
         const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
         const std::vector<float> yi = run(isa, w, xi, 1, &pool);
-        const std::vector<float> from_batch(batch.begin() + i * rows, batch.begin() + (i + 1) * rows);
+        const std::vector<float> from_batch(batch.begin() + i * rows,
+                                            batch.begin() + (i + 1) * rows);
         ASSERT_EQ(first_bit_difference(yi, from_batch), -1) << isa_name(isa) << " row " << i;
       }
     }
@@ -663,7 +677,8 @@ TEST(Matmul, ReferenceCloseToFloatMath) {
         double exact = 0.0, abs_sum = 0.0, quant_bound = 0.0;
         for (int64_t k0 = 0; k0 < cols; k0 += 32) {
           float amax = 0.0f;
-          for (int64_t k = k0; k < std::min(cols, k0 + 32); ++k) amax = std::max(amax, std::fabs(xi[k]));
+          for (int64_t k = k0; k < std::min(cols, k0 + 32); ++k)
+            amax = std::max(amax, std::fabs(xi[k]));
           for (int64_t k = k0; k < std::min(cols, k0 + 32); ++k) {
             exact += static_cast<double>(wrow[k]) * xi[k];
             abs_sum += std::fabs(static_cast<double>(wrow[k]) * xi[k]);
@@ -678,8 +693,9 @@ TEST(Matmul, ReferenceCloseToFloatMath) {
       }
     }
   }
-  std::printf("[ reference vs float math: worst error / bound %.3f, worst error / sum|w x| %.2e ]\n",
-              worst_ratio, worst_relative);
+  std::printf(
+      "[ reference vs float math: worst error / bound %.3f, worst error / sum|w x| %.2e ]\n",
+      worst_ratio, worst_relative);
 }
 
 TEST(Matmul, EmptyAndErrors) {

@@ -25,7 +25,8 @@ void expect_exact_cover(ThreadPool& pool, int64_t n, int64_t grain) {
     for (int64_t i = begin; i < end; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
   });
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "n=" << n << " grain=" << grain << " i=" << i;
+    ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1)
+        << "n=" << n << " grain=" << grain << " i=" << i;
   }
   EXPECT_FALSE(misaligned.load()) << "n=" << n << " grain=" << grain;
   EXPECT_LE(calls.load(), pool.size());
@@ -118,15 +119,17 @@ TEST(ThreadPool, ExceptionOnCallerPropagatesAndPoolStaysUsable) {
   ThreadPool pool(2);
   std::atomic<int> worker_done{0};
   EXPECT_THROW(pool.run([&](int ti, int) {
-                 if (ti == 0) throw std::runtime_error("boom");
-                 worker_done.fetch_add(1);
-               }),
+    if (ti == 0) throw std::runtime_error("boom");
+    worker_done.fetch_add(1);
+  }),
                std::runtime_error);
   EXPECT_EQ(worker_done.load(), 1);  // run() waited for the worker before rethrowing
   expect_exact_cover(pool, 100, 1);
 }
 
-TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(ThreadPool pool(0), Error); }
+TEST(ThreadPool, RejectsZeroThreads) {
+  EXPECT_THROW(ThreadPool pool(0), Error);
+}
 
 }  // namespace
 }  // namespace specdec

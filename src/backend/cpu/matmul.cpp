@@ -14,7 +14,9 @@
 namespace specdec {
 namespace detail {
 
-ScratchBuffer::~ScratchBuffer() { std::free(data_); }
+ScratchBuffer::~ScratchBuffer() {
+  std::free(data_);
+}
 
 void* ScratchBuffer::get(size_t bytes) {
   if (bytes > capacity_) {

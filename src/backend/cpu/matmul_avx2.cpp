@@ -30,7 +30,9 @@ void matmul_float_avx2(const WeightMatrix& w, const float* x, int64_t n, float* 
 
 namespace {
 
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -60,9 +62,9 @@ void quantize_row(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s1
   for (int64_t b = 0; b < cols / kActBlock; ++b) {
     __m256 v[4];
     for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
-    const __m256 m = _mm256_max_ps(
-        _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-        _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    const __m256 m =
+        _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
     const float amax = hmax8(m);
     const bool nonzero = amax >= kMinActivationAmax;
     const float scale = nonzero ? amax / 127.0f : 0.0f;
@@ -76,7 +78,8 @@ void quantize_row(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s1
     const __m256i p01 = _mm256_packs_epi32(i[0], i[1]);
     const __m256i p23 = _mm256_packs_epi32(i[2], i[3]);
     const __m256i p = _mm256_packs_epi16(p01, p23);
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i ordered =
+        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), ordered);
   }
 }
@@ -102,31 +105,23 @@ inline __m256i high_bits_32(uint32_t bits) {
 
 // dw (and mw) of blocks whose first 4 bytes are f16 d (and f16 m), 8 at a time.
 inline __m128i low_halves(__m256i v) {  // the low 16 bits of 8 dwords, packed
-  const __m256i shuffle = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                           0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, shuffle), _MM_SHUFFLE(3, 1, 2, 0));
+  const __m256i shuffle =
+      _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9,
+                       12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i p =
+      _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, shuffle), _MM_SHUFFLE(3, 1, 2, 0));
   return _mm256_castsi256_si128(p);
 }
 
+// dw (and mw) of blocks whose first 4 bytes are f16 d (and f16 m). Scalar F16C conversions:
+// vpgather is slower than this on the machines we measured.
 template <bool kMin>
 void scales_from_block_heads(const uint8_t* row, int64_t block_bytes, int64_t nsub, float* dw,
                              float* mw) {
-  int64_t b = 0;
-  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                         _mm256_set1_epi32(static_cast<int>(block_bytes)));
-  for (; b + 8 <= nsub; b += 8) {
-    const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(row + b * block_bytes), idx, 1);
-    _mm256_storeu_ps(dw + b, _mm256_cvtph_ps(low_halves(g)));
-    if (kMin) _mm256_storeu_ps(mw + b, _mm256_cvtph_ps(low_halves(_mm256_srli_epi32(g, 16))));
-  }
-  for (; b < nsub; ++b) {
-    uint16_t h;
-    std::memcpy(&h, row + b * block_bytes, 2);
-    dw[b] = fp16_to_fp32(h);
-    if (kMin) {
-      std::memcpy(&h, row + b * block_bytes + 2, 2);
-      mw[b] = fp16_to_fp32(h);
-    }
+  for (int64_t b = 0; b < nsub; ++b) {
+    const uint32_t head = load_u32(row + b * block_bytes);
+    dw[b] = _cvtsh_ss(static_cast<uint16_t>(head));
+    if (kMin) mw[b] = _cvtsh_ss(static_cast<uint16_t>(head >> 16));
   }
 }
 
@@ -141,11 +136,14 @@ inline void k4_scales_mins(const uint8_t* scales, uint64_t* sc, uint64_t* mn) {
 template <class Block>
 void k4_scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
   for (int64_t sb = 0; sb < nsub / 8; ++sb) {
-    const auto& blk = *reinterpret_cast<const Block*>(row + sb * static_cast<int64_t>(sizeof(Block)));
+    const auto& blk =
+        *reinterpret_cast<const Block*>(row + sb * static_cast<int64_t>(sizeof(Block)));
     uint64_t sc, mn;
     k4_scales_mins(blk.scales, &sc, &mn);
-    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
-    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
+    const __m256 scf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
+    const __m256 mnf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
     _mm256_storeu_ps(dw + 8 * sb, _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.d)), scf));
     _mm256_storeu_ps(mw + 8 * sb, _mm256_mul_ps(_mm256_set1_ps(-fp16_to_fp32(blk.dmin)), mnf));
   }
@@ -156,6 +154,7 @@ struct Weights;
 
 template <>
 struct Weights<GgmlType::kQ4_0> {
+  static constexpr int64_t kHeadBytes = 18;  // f16 d (and m) start every block
   static constexpr int kSub = 32, kOffset = 8, kS16Groups = 8;
   static constexpr bool kMin = false, kSigned = false;
   static __m256i unpack(const uint8_t* row, int64_t s) { return nibbles_16(row + s * 18 + 2); }
@@ -166,6 +165,7 @@ struct Weights<GgmlType::kQ4_0> {
 
 template <>
 struct Weights<GgmlType::kQ4_1> {
+  static constexpr int64_t kHeadBytes = 20;  // f16 d (and m) start every block
   static constexpr int kSub = 32, kOffset = 0, kS16Groups = 8;
   static constexpr bool kMin = true, kSigned = false;
   static __m256i unpack(const uint8_t* row, int64_t s) { return nibbles_16(row + s * 20 + 4); }
@@ -176,6 +176,7 @@ struct Weights<GgmlType::kQ4_1> {
 
 template <>
 struct Weights<GgmlType::kQ5_0> {
+  static constexpr int64_t kHeadBytes = 22;  // f16 d (and m) start every block
   static constexpr int kSub = 32, kOffset = 16, kS16Groups = 4;
   static constexpr bool kMin = false, kSigned = false;
   static __m256i unpack(const uint8_t* row, int64_t s) {
@@ -189,6 +190,7 @@ struct Weights<GgmlType::kQ5_0> {
 
 template <>
 struct Weights<GgmlType::kQ5_1> {
+  static constexpr int64_t kHeadBytes = 24;  // f16 d (and m) start every block
   static constexpr int kSub = 32, kOffset = 0, kS16Groups = 4;
   static constexpr bool kMin = true, kSigned = false;
   static __m256i unpack(const uint8_t* row, int64_t s) {
@@ -202,6 +204,7 @@ struct Weights<GgmlType::kQ5_1> {
 
 template <>
 struct Weights<GgmlType::kQ8_0> {
+  static constexpr int64_t kHeadBytes = 34;  // f16 d (and m) start every block
   static constexpr int kSub = 32, kOffset = 128, kS16Groups = 1;
   static constexpr bool kMin = false, kSigned = true;
   static __m256i unpack(const uint8_t* row, int64_t s) {
@@ -214,6 +217,7 @@ struct Weights<GgmlType::kQ8_0> {
 
 template <>
 struct Weights<GgmlType::kQ4_K> {
+  static constexpr int64_t kHeadBytes = 0;
   static constexpr int kSub = 32, kOffset = 0, kS16Groups = 8;
   static constexpr bool kMin = true, kSigned = false;
   static __m256i unpack(const uint8_t* row, int64_t s) {  // sub-block s % 8 of super-block s / 8
@@ -230,15 +234,17 @@ struct Weights<GgmlType::kQ4_K> {
 
 template <>
 struct Weights<GgmlType::kQ5_K> {
+  static constexpr int64_t kHeadBytes = 0;
   static constexpr int kSub = 32, kOffset = 0, kS16Groups = 4;
   static constexpr bool kMin = true, kSigned = false;
   static __m256i unpack(const uint8_t* row, int64_t s) {
     const uint8_t* blk = row + (s / 8) * 176;
     const int j = static_cast<int>(s % 8);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * (j / 2)));
-    const __m256i low = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
-    const __m256i qh = _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)),
-                                        _mm_cvtsi32_si128(j));
+    const __m256i low =
+        _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    const __m256i qh = _mm256_srl_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)), _mm_cvtsi32_si128(j));
     const __m256i high = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4);
     return _mm256_or_si256(low, high);
   }
@@ -249,6 +255,7 @@ struct Weights<GgmlType::kQ5_K> {
 
 template <>
 struct Weights<GgmlType::kQ6_K> {
+  static constexpr int64_t kHeadBytes = 0;
   static constexpr int kSub = 16, kOffset = 32, kS16Groups = 2;
   static constexpr bool kMin = false, kSigned = false;
   // Unit s (32 elements: sub-blocks 2s, 2s+1): super-block s / 8, half h = (s % 8) / 4,
@@ -258,10 +265,13 @@ struct Weights<GgmlType::kQ6_K> {
     const uint8_t* blk = row + (s / 8) * 210;
     const int u = static_cast<int>(s % 8);
     const int h = u / 4, g = u % 4;
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (g & 1)));
-    const __m256i low = _mm256_and_si256(g < 2 ? ql : _mm256_srli_epi16(ql, 4), _mm256_set1_epi8(0x0f));
-    const __m256i qh = _mm256_srl_epi16(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)), _mm_cvtsi32_si128(2 * g));
+    const __m256i ql =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (g & 1)));
+    const __m256i low =
+        _mm256_and_si256(g < 2 ? ql : _mm256_srli_epi16(ql, 4), _mm256_set1_epi8(0x0f));
+    const __m256i qh =
+        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)),
+                         _mm_cvtsi32_si128(2 * g));
     const __m256i high = _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4);
     return _mm256_or_si256(low, high);
   }
@@ -300,8 +310,8 @@ struct Activations {
   int32_t* s16 = nullptr;  // [n_pad, cols / 16]
   // n == 1: per sub-block (natural); n >= 2: per (tile, unit), lanes 2 i + h.
   float* dx = nullptr;
-  float* ex = nullptr;     // sx (min types) or int32 offset corrections (offset types)
-  int8_t* qt = nullptr;    // n >= 2: [tiles, units, sub / 4, 32]
+  float* ex = nullptr;   // sx (min types) or int32 offset corrections (offset types)
+  int8_t* qt = nullptr;  // n >= 2: [tiles, units, sub / 4, 32]
 };
 
 template <int kSub, bool kMin, int kOffset, bool kSigned>
@@ -346,7 +356,8 @@ void build_tiles(Activations& a, int64_t t0, int64_t t1) {
         float* dx = a.dx + (t * a.units + u) * 8 + l;
         float* ex = a.ex + (t * a.units + u) * 8 + l;
         if (e < a.cols) {
-          lane_values<W::kSub, W::kMin, W::kOffset, W::kSigned>(a, t * kTileRows + (l >> 1), e, dx, ex);
+          lane_values<W::kSub, W::kMin, W::kOffset, W::kSigned>(a, t * kTileRows + (l >> 1), e, dx,
+                                                                ex);
         } else {
           *dx = 0.0f;
           *ex = 0.0f;
@@ -364,7 +375,8 @@ inline __m256i hsum_rows(const __m256i v[8]) {
   const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
   const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
   const __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                          _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 // 8 vectors whose 128-bit lanes hold 4 partials of sub-block A (low) and B (high) -> lane p.
@@ -389,13 +401,20 @@ inline __m256 epilogue(__m256 acc, __m256i isum, const float* dx, const float* e
 }
 
 // 8 rows (stride rb from g) against the activation row. dwt / mwt: [nsub, 8] scales, transposed.
+// prefetch / pf_step: a later group's bytes, pf_step of them per step.
 template <GgmlType T>
 void row_group(const uint8_t* g, int64_t rb, const Activations& a, const float* dwt,
-               const float* mwt, float* y, int64_t valid) {
+               const float* mwt, const uint8_t* prefetch, int64_t pf_step, float* y,
+               int64_t valid) {
   using W = Weights<T>;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t s = 0; s < a.cols / 32; ++s) {
+    if (prefetch != nullptr) {
+      for (int64_t off = s * pf_step; off < (s + 1) * pf_step; off += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch + off), _MM_HINT_T0);
+      }
+    }
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 32 * s));
     __m256i v[8];
     for (int p = 0; p < 8; ++p) {
@@ -403,8 +422,21 @@ void row_group(const uint8_t* g, int64_t rb, const Activations& a, const float* 
     }
     if constexpr (W::kSub == 32) {
       const __m256i r = hsum_rows(v);
-      acc[s & 1] = epilogue<W>(acc[s & 1], r, a.dx + s, a.ex + s, _mm256_loadu_ps(dwt + 8 * s),
-                               _mm256_loadu_ps(mwt + 8 * s));
+      __m256 dw, mw;
+      if constexpr (W::kHeadBytes > 0) {  // f16 d / m of block s of the 8 rows, lane = row
+        const uint8_t* h = g + s * W::kHeadBytes;
+        const __m256i heads = _mm256_setr_epi32(
+            static_cast<int>(load_u32(h)), static_cast<int>(load_u32(h + rb)),
+            static_cast<int>(load_u32(h + 2 * rb)), static_cast<int>(load_u32(h + 3 * rb)),
+            static_cast<int>(load_u32(h + 4 * rb)), static_cast<int>(load_u32(h + 5 * rb)),
+            static_cast<int>(load_u32(h + 6 * rb)), static_cast<int>(load_u32(h + 7 * rb)));
+        dw = _mm256_cvtph_ps(low_halves(heads));
+        mw = W::kMin ? _mm256_cvtph_ps(low_halves(_mm256_srli_epi32(heads, 16))) : dw;
+      } else {
+        dw = _mm256_loadu_ps(dwt + 8 * s);
+        mw = _mm256_loadu_ps(mwt + 8 * s);
+      }
+      acc[s & 1] = epilogue<W>(acc[s & 1], r, a.dx + s, a.ex + s, dw, mw);
     } else {
       __m256i ra, rb2;
       hsum_rows_halves(v, &ra, &rb2);
@@ -424,14 +456,18 @@ void row_group(const uint8_t* g, int64_t rb, const Activations& a, const float* 
   }
 }
 
+// The row kernel prefetches the group of 8 rows this many groups ahead of the one it multiplies.
+constexpr int64_t kPrefetchGroups = 3;
+
 template <GgmlType T>
 void row_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t r0, int64_t r1) {
   using W = Weights<T>;
+  const int64_t pf_step = (8 * w.row_bytes / (w.cols / 32) + 63) / 64 * 64;
   const int64_t nsub = w.cols / W::kSub;
   const int64_t rb = w.row_bytes;
   // [8, rb] copy of a ragged group; [8, nsub] natural scales; [nsub, 8] transposed scales x 2
-  auto* mem = static_cast<uint8_t*>(thread_scratch(kScratchWeights).get(
-      static_cast<size_t>(8 * rb + 64 + 4 * nsub * 8 * 4)));
+  auto* mem = static_cast<uint8_t*>(
+      thread_scratch(kScratchWeights).get(static_cast<size_t>(8 * rb + 64 + 4 * nsub * 8 * 4)));
   uint8_t* tail = mem;
   auto* dwn = reinterpret_cast<float*>(mem + (8 * rb + 63) / 64 * 64);
   float* mwn = dwn + 8 * nsub;
@@ -443,18 +479,23 @@ void row_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t r
     const uint8_t* g = base + g0 * rb;
     if (valid < 8) {
       for (int64_t p = 0; p < 8; ++p) {
-        std::memcpy(tail + p * rb, base + (g0 + std::min(p, valid - 1)) * rb, static_cast<size_t>(rb));
+        std::memcpy(tail + p * rb, base + (g0 + std::min(p, valid - 1)) * rb,
+                    static_cast<size_t>(rb));
       }
       g = tail;
     }
-    for (int p = 0; p < 8; ++p) W::scales(g + p * rb, nsub, dwn + p * nsub, mwn + p * nsub);
-    for (int64_t b = 0; b < nsub; ++b) {
-      for (int p = 0; p < 8; ++p) {
-        dwt[8 * b + p] = dwn[p * nsub + b];
-        mwt[8 * b + p] = W::kMin ? mwn[p * nsub + b] : 0.0f;
+    if constexpr (W::kHeadBytes == 0) {  // K-quants: natural scales, then [nsub, 8]
+      for (int p = 0; p < 8; ++p) W::scales(g + p * rb, nsub, dwn + p * nsub, mwn + p * nsub);
+      for (int64_t b = 0; b < nsub; ++b) {
+        for (int p = 0; p < 8; ++p) {
+          dwt[8 * b + p] = dwn[p * nsub + b];
+          mwt[8 * b + p] = W::kMin ? mwn[p * nsub + b] : 0.0f;
+        }
       }
     }
-    row_group<T>(g, rb, a, dwt, mwt, y + g0, valid);
+    const uint8_t* next =
+        g0 + 8 * (kPrefetchGroups + 1) <= r1 ? base + (g0 + 8 * kPrefetchGroups) * rb : nullptr;
+    row_group<T>(g, rb, a, dwt, mwt, next, pf_step, y + g0, valid);
   }
 }
 
@@ -487,7 +528,8 @@ void tile_group(const Activations& a, const uint8_t* wq, int64_t wq_stride, cons
           }
           isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, ones));
         }
-        if constexpr (!W::kMin && !W::kSigned) isum = _mm256_sub_epi32(isum, _mm256_castps_si256(ex));
+        if constexpr (!W::kMin && !W::kSigned)
+          isum = _mm256_sub_epi32(isum, _mm256_castps_si256(ex));
         double dpair;
         std::memcpy(&dpair, dwn + p * nsub_pad + 2 * u, 8);
         const __m256 t8 = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx);
@@ -515,8 +557,8 @@ void tile_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t 
   const int64_t nsub = w.cols / W::kSub;
   const int64_t nsub_pad = a.units * 2;
   const int64_t stride = a.units * 2 * W::kSub;  // bytes of unpacked codes per row
-  auto* wq = static_cast<uint8_t*>(thread_scratch(kScratchWeights).get(
-      static_cast<size_t>(8 * stride + 16 * nsub_pad * 4)));
+  auto* wq = static_cast<uint8_t*>(
+      thread_scratch(kScratchWeights).get(static_cast<size_t>(8 * stride + 16 * nsub_pad * 4)));
   auto* dwn = reinterpret_cast<float*>(wq + 8 * stride);
   float* mwn = dwn + 8 * nsub_pad;
   const auto* base = static_cast<const uint8_t*>(w.data);
@@ -543,17 +585,34 @@ void tile_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t 
         }
       }
       W::scales(row, nsub, dwn + p * nsub_pad, mwn + p * nsub_pad);
-      for (int64_t b = nsub; b < nsub_pad; ++b) dwn[p * nsub_pad + b] = mwn[p * nsub_pad + b] = 0.0f;
+      for (int64_t b = nsub; b < nsub_pad; ++b)
+        dwn[p * nsub_pad + b] = mwn[p * nsub_pad + b] = 0.0f;
     }
     switch (prows) {
-      case 8: tile_group<T, 8>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
-      case 7: tile_group<T, 7>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
-      case 6: tile_group<T, 6>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
-      case 5: tile_group<T, 5>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
-      case 4: tile_group<T, 4>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
-      case 3: tile_group<T, 3>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
-      case 2: tile_group<T, 2>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
-      default: tile_group<T, 1>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0); break;
+      case 8:
+        tile_group<T, 8>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
+      case 7:
+        tile_group<T, 7>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
+      case 6:
+        tile_group<T, 6>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
+      case 5:
+        tile_group<T, 5>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
+      case 4:
+        tile_group<T, 4>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
+      case 3:
+        tile_group<T, 3>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
+      case 2:
+        tile_group<T, 2>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
+      default:
+        tile_group<T, 1>(a, wq, stride, dwn, mwn, nsub_pad, y, w.rows, g0);
+        break;
     }
   }
 }
@@ -564,7 +623,8 @@ void tile_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t 
 constexpr int64_t kParallelPrepareRows = 32;
 
 template <GgmlType T>
-void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                      ThreadPool* pool) {
   using W = Weights<T>;
   Activations a;
   a.n = n;
@@ -578,9 +638,10 @@ void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y
   const size_t d_bytes = round64(static_cast<size_t>(a.n_pad * (a.cols / 32)) * 4);
   const size_t s_bytes = round64(static_cast<size_t>(a.n_pad * (a.cols / 16)) * 4);
   const size_t v_bytes = round64(static_cast<size_t>(vec_floats) * 4);
-  const size_t qt_bytes = n == 1 ? 0 : static_cast<size_t>(a.tiles * a.units * 2 * W::kSub * kTileRows);
-  auto* mem = static_cast<uint8_t*>(thread_scratch(kScratchActivations).get(
-      q_bytes + d_bytes + s_bytes + 2 * v_bytes + qt_bytes));
+  const size_t qt_bytes =
+      n == 1 ? 0 : static_cast<size_t>(a.tiles * a.units * 2 * W::kSub * kTileRows);
+  auto* mem = static_cast<uint8_t*>(thread_scratch(kScratchActivations)
+                                        .get(q_bytes + d_bytes + s_bytes + 2 * v_bytes + qt_bytes));
   a.q = reinterpret_cast<int8_t*>(mem);
   a.d = reinterpret_cast<float*>(mem + q_bytes);
   a.s16 = reinterpret_cast<int32_t*>(mem + q_bytes + d_bytes);
@@ -638,15 +699,24 @@ void quantize_activations_avx2(const float* x, int64_t cols, int8_t* q, float* d
 
 void matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
   switch (w.type) {
-    case GgmlType::kQ4_0: return quantized_matmul<GgmlType::kQ4_0>(w, x, n, y, pool);
-    case GgmlType::kQ4_1: return quantized_matmul<GgmlType::kQ4_1>(w, x, n, y, pool);
-    case GgmlType::kQ5_0: return quantized_matmul<GgmlType::kQ5_0>(w, x, n, y, pool);
-    case GgmlType::kQ5_1: return quantized_matmul<GgmlType::kQ5_1>(w, x, n, y, pool);
-    case GgmlType::kQ8_0: return quantized_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
-    case GgmlType::kQ4_K: return quantized_matmul<GgmlType::kQ4_K>(w, x, n, y, pool);
-    case GgmlType::kQ5_K: return quantized_matmul<GgmlType::kQ5_K>(w, x, n, y, pool);
-    case GgmlType::kQ6_K: return quantized_matmul<GgmlType::kQ6_K>(w, x, n, y, pool);
-    default: return matmul_float_avx2(w, x, n, y, pool);
+    case GgmlType::kQ4_0:
+      return quantized_matmul<GgmlType::kQ4_0>(w, x, n, y, pool);
+    case GgmlType::kQ4_1:
+      return quantized_matmul<GgmlType::kQ4_1>(w, x, n, y, pool);
+    case GgmlType::kQ5_0:
+      return quantized_matmul<GgmlType::kQ5_0>(w, x, n, y, pool);
+    case GgmlType::kQ5_1:
+      return quantized_matmul<GgmlType::kQ5_1>(w, x, n, y, pool);
+    case GgmlType::kQ8_0:
+      return quantized_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
+    case GgmlType::kQ4_K:
+      return quantized_matmul<GgmlType::kQ4_K>(w, x, n, y, pool);
+    case GgmlType::kQ5_K:
+      return quantized_matmul<GgmlType::kQ5_K>(w, x, n, y, pool);
+    case GgmlType::kQ6_K:
+      return quantized_matmul<GgmlType::kQ6_K>(w, x, n, y, pool);
+    default:
+      return matmul_float_avx2(w, x, n, y, pool);
   }
 }
 

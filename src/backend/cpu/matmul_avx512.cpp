@@ -35,7 +35,9 @@ using avx512::dpbusd;
 using avx512::transpose8x8_qwords;
 using avx512::Weights;
 
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 constexpr int64_t kTileRows = 8;
 
@@ -64,7 +66,7 @@ void quantize_row(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s1
 
 struct Activations {
   int64_t n = 0;
-  int64_t n_pad = 0;      // n rounded up to the tile height (1 when n == 1)
+  int64_t n_pad = 0;  // n rounded up to the tile height (1 when n == 1)
   int64_t cols = 0;
   int64_t cols_pad = 0;   // cols rounded up to 64
   int64_t units = 0;      // unit = an A and a B sub-block = 2 sub elements
@@ -119,9 +121,9 @@ void prepare_row(const float* x, Activations& a, int64_t i) {
 // unit per 64 bytes for sub 32, two for sub 16).
 template <int kSub>
 inline __m512i pair_interleave(__m512i v) {
-  const __m512i perm = kSub == 32
-                           ? _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
-                           : _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  const __m512i perm =
+      kSub == 32 ? _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
+                 : _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   return _mm512_permutexvar_epi32(perm, v);
 }
 
@@ -156,8 +158,10 @@ void build_tiles(Activations& a, int64_t t0, int64_t t1) {
 
 // 4 vectors whose 128-bit lanes hold 4 partial sums each -> lane 4 L + j = sum of lane L of v[j].
 inline __m512i transpose_sum4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
-  const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
-  const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
+  const __m512i s01 =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+  const __m512i s23 =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
   return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
 }
 
@@ -268,6 +272,11 @@ int64_t group_scales(const uint8_t* g, int64_t rb, int64_t rows, int64_t nsub, i
   return nsub_pad;
 }
 
+// The row kernel prefetches the group of 8 rows this many groups ahead of the one it multiplies,
+// the tile kernel kTilePrefetchGroups ahead.
+constexpr int64_t kPrefetchGroups = 3;
+constexpr int64_t kTilePrefetchGroups = 2;
+
 template <GgmlType T>
 void row_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t r0, int64_t r1) {
   using W = Weights<T>;
@@ -278,8 +287,9 @@ void row_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t r
   // tdw, tmw
   const size_t tail_bytes = static_cast<size_t>(round_up(8 * rb, 64));
   const int64_t nat = 8 * a.nsub_pad + 16;
-  auto* mem = static_cast<uint8_t*>(thread_scratch(kScratchWeights).get(
-      tail_bytes + static_cast<size_t>(2 * nat + 16 * a.nsub_pad) * sizeof(float)));
+  auto* mem = static_cast<uint8_t*>(
+      thread_scratch(kScratchWeights)
+          .get(tail_bytes + static_cast<size_t>(2 * nat + 16 * a.nsub_pad) * sizeof(float)));
   uint8_t* tail = mem;
   auto* dwn = reinterpret_cast<float*>(mem + tail_bytes);
   float* mwn = dwn + nat;
@@ -292,7 +302,8 @@ void row_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t r
     const uint8_t* g = base + g0 * rb;
     if (valid < 8) {  // copy the rows, repeating the last, so that the stride stays rb
       for (int64_t p = 0; p < 8; ++p) {
-        std::memcpy(tail + p * rb, base + (g0 + std::min(p, valid - 1)) * rb, static_cast<size_t>(rb));
+        std::memcpy(tail + p * rb, base + (g0 + std::min(p, valid - 1)) * rb,
+                    static_cast<size_t>(rb));
       }
       g = tail;
     }
@@ -301,7 +312,8 @@ void row_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t r
       transpose8x8_qwords(dwn + 2 * u0, stride * 4, tdw + 16 * u0);
       if (W::kMin) transpose8x8_qwords(mwn + 2 * u0, stride * 4, tmw + 16 * u0);
     }
-    const uint8_t* next = g0 + 16 <= r1 ? base + (g0 + 8) * rb : nullptr;
+    const uint8_t* next =
+        g0 + 8 * (kPrefetchGroups + 1) <= r1 ? base + (g0 + 8 * kPrefetchGroups) * rb : nullptr;
     row_group<T>(g, rb, a, tdw, tmw, next, pf_step, y + g0, valid);
   }
 }
@@ -313,16 +325,26 @@ void row_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t r
 // activation tile.
 // One group of P weight rows (pair-order codes in wq, natural scales in dwn / mwn with row
 // stride sstride) against every activation tile.
+// prefetch / pf_bytes: weights of a later group, prefetched a slice per unit of the first tile
+// (the multiplication of a group is too long for out-of-order execution to overlap it with the
+// next group's loads, so the loads are requested here).
 template <GgmlType T, int P>
 void tile_group(const Activations& a, const uint8_t* wq, const float* dwn, const float* mwn,
-                int64_t sstride, float* y, int64_t ldy, int64_t row0) {
+                int64_t sstride, float* y, int64_t ldy, int64_t row0, const uint8_t* prefetch,
+                int64_t pf_bytes) {
   using W = Weights<T>;
   constexpr int kGroups = W::kSub / 4;
   const int64_t unit = 2 * W::kSub;
+  const int64_t pf_unit = round_up((pf_bytes + a.units - 1) / a.units, 64);
   for (int64_t t = 0; t < a.tiles; ++t) {
     __m512 acc[P];
     for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
     for (int64_t u = 0; u < a.units; ++u) {
+      if (t == 0 && prefetch != nullptr) {
+        for (int64_t off = u * pf_unit; off < std::min((u + 1) * pf_unit, pf_bytes); off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + off), _MM_HINT_T0);
+        }
+      }
       const int8_t* xt = a.qt + (t * a.units + u) * kGroups * 64;
       __m512i xg[kGroups];
       for (int g = 0; g < kGroups; ++g) xg[g] = _mm512_loadu_si512(xt + 64 * g);
@@ -339,9 +361,9 @@ void tile_group(const Activations& a, const uint8_t* wq, const float* dwn, const
         }
       }
       for (int p = 0; p < P; ++p) {
-        acc[p] = epilogue<W::kMin>(acc[p], isum[p], dx, ex, bcast_pair_ps(dwn + p * sstride + 2 * u),
-                                   W::kMin ? bcast_pair_ps(mwn + p * sstride + 2 * u)
-                                           : _mm512_setzero_ps());
+        acc[p] = epilogue<W::kMin>(
+            acc[p], isum[p], dx, ex, bcast_pair_ps(dwn + p * sstride + 2 * u),
+            W::kMin ? bcast_pair_ps(mwn + p * sstride + 2 * u) : _mm512_setzero_ps());
       }
     }
     alignas(64) float out[P][16];
@@ -366,8 +388,8 @@ void tile_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t 
   const bool odd_blocks = W::kSub == 32 && (w.cols / 32) % 2 == 1;
   // [8, cols_pad] pair-order codes, then [8, nsub_pad] + 16 natural dw and mw
   const int64_t nat = 8 * a.nsub_pad + 16;
-  auto* wq = static_cast<uint8_t*>(thread_scratch(kScratchWeights).get(
-      static_cast<size_t>(8 * a.cols_pad + 2 * nat * 4)));
+  auto* wq = static_cast<uint8_t*>(
+      thread_scratch(kScratchWeights).get(static_cast<size_t>(8 * a.cols_pad + 2 * nat * 4)));
   auto* dwn = reinterpret_cast<float*>(wq + 8 * a.cols_pad);
   float* mwn = dwn + nat;
   const auto* base = static_cast<const uint8_t*>(w.data);
@@ -386,15 +408,28 @@ void tile_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t 
       pool->wait_for_flag(*ready, 0);
       ready = nullptr;
     }
+    const uint8_t* ahead = nullptr;
+    int64_t ahead_bytes = 0;
+    if (g0 + 8 * kTilePrefetchGroups < r1) {
+      ahead = g + 8 * kTilePrefetchGroups * w.row_bytes;
+      ahead_bytes = std::min<int64_t>(8, r1 - g0 - 8 * kTilePrefetchGroups) * w.row_bytes;
+    }
     switch (prows) {
-      case 8: tile_group<T, 8>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
-      case 7: tile_group<T, 7>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
-      case 6: tile_group<T, 6>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
-      case 5: tile_group<T, 5>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
-      case 4: tile_group<T, 4>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
-      case 3: tile_group<T, 3>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
-      case 2: tile_group<T, 2>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
-      default: tile_group<T, 1>(a, wq, dwn, mwn, sstride, y, w.rows, g0); break;
+#define SPECDEC_TILE_GROUP(P)                                                      \
+  case P:                                                                          \
+    tile_group<T, P>(a, wq, dwn, mwn, sstride, y, w.rows, g0, ahead, ahead_bytes); \
+    break;
+      SPECDEC_TILE_GROUP(8)
+      SPECDEC_TILE_GROUP(7)
+      SPECDEC_TILE_GROUP(6)
+      SPECDEC_TILE_GROUP(5)
+      SPECDEC_TILE_GROUP(4)
+      SPECDEC_TILE_GROUP(3)
+      SPECDEC_TILE_GROUP(2)
+      SPECDEC_TILE_GROUP(1)
+#undef SPECDEC_TILE_GROUP
+      default:
+        break;
     }
   }
 }
@@ -435,8 +470,8 @@ struct Panel {
 // Transposes rows [row0, row0 + valid) (valid <= 64; missing rows are zero) into p. nat: scratch
 // of 2 (64 nsub_pad + 16) floats for the natural scales.
 template <GgmlType T>
-void build_panel(const WeightMatrix& w, int64_t row0, int64_t valid, const Activations& a,
-                 Panel& p, float* nat) {
+void build_panel(const WeightMatrix& w, int64_t row0, int64_t valid, const Activations& a, Panel& p,
+                 float* nat) {
   using W = Weights<T>;
   constexpr int kGroups = W::kSub / 4;
   constexpr int kSubsPerStep = 64 / W::kSub;
@@ -452,8 +487,8 @@ void build_panel(const WeightMatrix& w, int64_t row0, int64_t valid, const Activ
         const int64_t row = 16 * c + r;
         const uint8_t* rp = base + row * w.row_bytes;
         v[r] = row >= valid ? _mm512_setzero_ps()
-               : has_b     ? _mm512_castsi512_ps(W::template unpack<true>(rp, s))
-                           : _mm512_castsi512_ps(W::template unpack<false>(rp, s));
+               : has_b      ? _mm512_castsi512_ps(W::template unpack<true>(rp, s))
+                            : _mm512_castsi512_ps(W::template unpack<false>(rp, s));
       }
       avx512::transpose16(v);
       for (int k = 0; k < 16; ++k) {
@@ -534,7 +569,8 @@ void panel_tile(const Panel& p, const Activations& a, int64_t nsub, int64_t i0, 
     float* yi = y + (i0 + i) * ldy + row0;
     for (int c = 0; c < C; ++c) {
       const int64_t left = std::clamp<int64_t>(valid - 16 * c, 0, 16);
-      const __m512 sum = _mm512_add_ps(_mm512_load_ps(facc[i][c][0]), _mm512_load_ps(facc[i][c][1]));
+      const __m512 sum =
+          _mm512_add_ps(_mm512_load_ps(facc[i][c][0]), _mm512_load_ps(facc[i][c][1]));
       _mm512_mask_storeu_ps(yi + 16 * c, static_cast<__mmask16>((1u << left) - 1), sum);
     }
   }
@@ -547,8 +583,8 @@ void panel_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t
   const size_t w_bytes = static_cast<size_t>(a.nsub_pad * (W::kSub / 4) * kPanelVecs * 64);
   const size_t s_bytes = static_cast<size_t>(a.nsub_pad * kPanelRows) * sizeof(float);
   const size_t nat_bytes = static_cast<size_t>(2 * (64 * a.nsub_pad + 16)) * sizeof(float);
-  auto* mem = static_cast<uint8_t*>(
-      thread_scratch(kScratchWeights).get(w_bytes + 2 * s_bytes + nat_bytes));
+  auto* mem =
+      static_cast<uint8_t*>(thread_scratch(kScratchWeights).get(w_bytes + 2 * s_bytes + nat_bytes));
   Panel p;
   p.w = mem;
   p.dw = reinterpret_cast<float*>(mem + w_bytes);
@@ -562,10 +598,17 @@ void panel_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t
       panel_tile<T, kPanelTile>(p, a, nsub, i0, y, w.rows, p0, valid);
     }
     switch (a.n - i0) {
-      case 3: panel_tile<T, 3>(p, a, nsub, i0, y, w.rows, p0, valid); break;
-      case 2: panel_tile<T, 2>(p, a, nsub, i0, y, w.rows, p0, valid); break;
-      case 1: panel_tile<T, 1>(p, a, nsub, i0, y, w.rows, p0, valid); break;
-      default: break;
+      case 3:
+        panel_tile<T, 3>(p, a, nsub, i0, y, w.rows, p0, valid);
+        break;
+      case 2:
+        panel_tile<T, 2>(p, a, nsub, i0, y, w.rows, p0, valid);
+        break;
+      case 1:
+        panel_tile<T, 1>(p, a, nsub, i0, y, w.rows, p0, valid);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -577,7 +620,8 @@ void panel_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t
 constexpr int64_t kParallelPrepareRows = 32;
 
 template <GgmlType T>
-void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                      ThreadPool* pool) {
   using W = Weights<T>;
   constexpr int kSub = W::kSub;
   Activations a;
@@ -596,8 +640,9 @@ void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y
   const size_t sub_bytes = r64(a.n_pad * a.nsub_pad * 4);
   const size_t qt_bytes = n == 1 ? 0 : q_bytes;
   const size_t t_bytes = n == 1 ? 0 : r64(a.tiles * a.units_pad * 16 * 4);
-  auto* mem = static_cast<uint8_t*>(thread_scratch(kScratchActivations).get(
-      q_bytes + d_bytes + s_bytes + 2 * sub_bytes + qt_bytes + 2 * t_bytes));
+  auto* mem = static_cast<uint8_t*>(
+      thread_scratch(kScratchActivations)
+          .get(q_bytes + d_bytes + s_bytes + 2 * sub_bytes + qt_bytes + 2 * t_bytes));
   a.q = reinterpret_cast<int8_t*>(mem);
   a.d = reinterpret_cast<float*>(mem += q_bytes);
   a.s16 = reinterpret_cast<int32_t*>(mem += d_bytes);
@@ -673,22 +718,30 @@ void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y
 
 }  // namespace
 
-void quantize_activations_avx512(const float* x, int64_t cols, int8_t* q, float* d,
-                                 int32_t* s16) {
+void quantize_activations_avx512(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16) {
   quantize_row(x, cols, q, d, s16);
 }
 
 void matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
   switch (w.type) {
-    case GgmlType::kQ4_0: return quantized_matmul<GgmlType::kQ4_0>(w, x, n, y, pool);
-    case GgmlType::kQ4_1: return quantized_matmul<GgmlType::kQ4_1>(w, x, n, y, pool);
-    case GgmlType::kQ5_0: return quantized_matmul<GgmlType::kQ5_0>(w, x, n, y, pool);
-    case GgmlType::kQ5_1: return quantized_matmul<GgmlType::kQ5_1>(w, x, n, y, pool);
-    case GgmlType::kQ8_0: return quantized_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
-    case GgmlType::kQ4_K: return quantized_matmul<GgmlType::kQ4_K>(w, x, n, y, pool);
-    case GgmlType::kQ5_K: return quantized_matmul<GgmlType::kQ5_K>(w, x, n, y, pool);
-    case GgmlType::kQ6_K: return quantized_matmul<GgmlType::kQ6_K>(w, x, n, y, pool);
-    default: return matmul_float_avx512(w, x, n, y, pool);
+    case GgmlType::kQ4_0:
+      return quantized_matmul<GgmlType::kQ4_0>(w, x, n, y, pool);
+    case GgmlType::kQ4_1:
+      return quantized_matmul<GgmlType::kQ4_1>(w, x, n, y, pool);
+    case GgmlType::kQ5_0:
+      return quantized_matmul<GgmlType::kQ5_0>(w, x, n, y, pool);
+    case GgmlType::kQ5_1:
+      return quantized_matmul<GgmlType::kQ5_1>(w, x, n, y, pool);
+    case GgmlType::kQ8_0:
+      return quantized_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
+    case GgmlType::kQ4_K:
+      return quantized_matmul<GgmlType::kQ4_K>(w, x, n, y, pool);
+    case GgmlType::kQ5_K:
+      return quantized_matmul<GgmlType::kQ5_K>(w, x, n, y, pool);
+    case GgmlType::kQ6_K:
+      return quantized_matmul<GgmlType::kQ6_K>(w, x, n, y, pool);
+    default:
+      return matmul_float_avx512(w, x, n, y, pool);
   }
 }
 

@@ -25,7 +25,8 @@ inline __m256 load8(const uint8_t* row, int64_t k0) {
   } else if constexpr (T == GgmlType::kF16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k0)));
   } else {
-    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k0)));
+    const __m256i v =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k0)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   }
 }
@@ -123,8 +124,9 @@ void micro_kernel(const float* panel, const float* x0, int64_t ldx, int64_t cols
 template <GgmlType T>
 void float_rows(const WeightMatrix& w, const float* x, int64_t n, float* y, int64_t r0,
                 int64_t r1) {
-  auto* panel = static_cast<float*>(thread_scratch(kScratchWeights).get(
-      static_cast<size_t>(w.cols * kPanelRows) * sizeof(float)));
+  auto* panel =
+      static_cast<float*>(thread_scratch(kScratchWeights)
+                              .get(static_cast<size_t>(w.cols * kPanelRows) * sizeof(float)));
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const int64_t valid = std::min<int64_t>(kPanelRows, r1 - p0);
     build_panel<T>(w, p0, valid, panel);
@@ -132,12 +134,24 @@ void float_rows(const WeightMatrix& w, const float* x, int64_t n, float* y, int6
       const float* xi = x + i0 * w.cols;
       float* yi = y + i0 * w.rows;
       switch (std::min<int64_t>(kTileRows, n - i0)) {
-        case 6: micro_kernel<6>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 5: micro_kernel<5>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 4: micro_kernel<4>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 3: micro_kernel<3>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 2: micro_kernel<2>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        default: micro_kernel<1>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
+        case 6:
+          micro_kernel<6>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 5:
+          micro_kernel<5>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 4:
+          micro_kernel<4>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 3:
+          micro_kernel<3>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 2:
+          micro_kernel<2>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        default:
+          micro_kernel<1>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
       }
     }
   }
@@ -149,9 +163,12 @@ void matmul_float_avx2(const WeightMatrix& w, const float* x, int64_t n, float* 
                        ThreadPool* pool) {
   auto body = [&](int64_t r0, int64_t r1) {
     switch (w.type) {
-      case GgmlType::kF32: return float_rows<GgmlType::kF32>(w, x, n, y, r0, r1);
-      case GgmlType::kF16: return float_rows<GgmlType::kF16>(w, x, n, y, r0, r1);
-      default: return float_rows<GgmlType::kBF16>(w, x, n, y, r0, r1);
+      case GgmlType::kF32:
+        return float_rows<GgmlType::kF32>(w, x, n, y, r0, r1);
+      case GgmlType::kF16:
+        return float_rows<GgmlType::kF16>(w, x, n, y, r0, r1);
+      default:
+        return float_rows<GgmlType::kBF16>(w, x, n, y, r0, r1);
     }
   };
   if (pool) {

@@ -44,10 +44,12 @@ void build_panel(const WeightMatrix& w, int64_t row0, int64_t valid, float* pane
       __m512 a[16];
       for (int r = 0; r < 16; ++r) {
         const int64_t j = 16 * h + r;
-        a[r] = j < valid ? load16<T>(base + (row0 + j) * w.row_bytes, k0, mask) : _mm512_setzero_ps();
+        a[r] =
+            j < valid ? load16<T>(base + (row0 + j) * w.row_bytes, k0, mask) : _mm512_setzero_ps();
       }
       transpose16(a);
-      for (int64_t c = 0; c < kn; ++c) _mm512_store_ps(panel + (k0 + c) * kPanelRows + 16 * h, a[c]);
+      for (int64_t c = 0; c < kn; ++c)
+        _mm512_store_ps(panel + (k0 + c) * kPanelRows + 16 * h, a[c]);
     }
   }
 }
@@ -88,8 +90,9 @@ void micro_kernel(const float* panel, const float* x0, int64_t ldx, int64_t cols
 template <GgmlType T>
 void float_rows(const WeightMatrix& w, const float* x, int64_t n, float* y, int64_t r0,
                 int64_t r1) {
-  auto* panel = static_cast<float*>(thread_scratch(kScratchWeights).get(
-      static_cast<size_t>(w.cols * kPanelRows) * sizeof(float)));
+  auto* panel =
+      static_cast<float*>(thread_scratch(kScratchWeights)
+                              .get(static_cast<size_t>(w.cols * kPanelRows) * sizeof(float)));
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const int64_t valid = std::min<int64_t>(kPanelRows, r1 - p0);
     build_panel<T>(w, p0, valid, panel);
@@ -97,14 +100,30 @@ void float_rows(const WeightMatrix& w, const float* x, int64_t n, float* y, int6
       const float* xi = x + i0 * w.cols;
       float* yi = y + i0 * w.rows;
       switch (std::min<int64_t>(kTileRows, n - i0)) {
-        case 8: micro_kernel<8>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 7: micro_kernel<7>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 6: micro_kernel<6>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 5: micro_kernel<5>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 4: micro_kernel<4>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 3: micro_kernel<3>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        case 2: micro_kernel<2>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
-        default: micro_kernel<1>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid); break;
+        case 8:
+          micro_kernel<8>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 7:
+          micro_kernel<7>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 6:
+          micro_kernel<6>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 5:
+          micro_kernel<5>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 4:
+          micro_kernel<4>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 3:
+          micro_kernel<3>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        case 2:
+          micro_kernel<2>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
+        default:
+          micro_kernel<1>(panel, xi, w.cols, w.cols, yi, w.rows, p0, valid);
+          break;
       }
     }
   }
@@ -116,9 +135,12 @@ void matmul_float_avx512(const WeightMatrix& w, const float* x, int64_t n, float
                          ThreadPool* pool) {
   auto body = [&](int64_t r0, int64_t r1) {
     switch (w.type) {
-      case GgmlType::kF32: return float_rows<GgmlType::kF32>(w, x, n, y, r0, r1);
-      case GgmlType::kF16: return float_rows<GgmlType::kF16>(w, x, n, y, r0, r1);
-      default: return float_rows<GgmlType::kBF16>(w, x, n, y, r0, r1);
+      case GgmlType::kF32:
+        return float_rows<GgmlType::kF32>(w, x, n, y, r0, r1);
+      case GgmlType::kF16:
+        return float_rows<GgmlType::kF16>(w, x, n, y, r0, r1);
+      default:
+        return float_rows<GgmlType::kBF16>(w, x, n, y, r0, r1);
     }
   };
   if (pool) {

@@ -79,8 +79,8 @@ void quantized_rows(const WeightMatrix& w, const QuantizedActivations& xq, int64
   const int64_t sub = layout.sub;
   const int64_t num_sub = w.cols / sub;
   std::vector<uint8_t> qw(static_cast<size_t>(w.cols));  // [cols] codes of one weight row
-  std::vector<float> dw(static_cast<size_t>(num_sub));    // [num_sub]
-  std::vector<float> mw(static_cast<size_t>(num_sub));    // [num_sub]
+  std::vector<float> dw(static_cast<size_t>(num_sub));   // [num_sub]
+  std::vector<float> mw(static_cast<size_t>(num_sub));   // [num_sub]
   for (int64_t r = r0; r < r1; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes;
     for (int64_t b = 0; b < num_sub; ++b) {

@@ -17,7 +17,7 @@
 
 namespace specdec {
 
-inline constexpr int64_t kQK = 32;    // elements per block of the 32-element types
+inline constexpr int64_t kQK = 32;     // elements per block of the 32-element types
 inline constexpr int64_t kQK_K = 256;  // elements per K-quant super-block
 
 struct BlockQ4_0 {
@@ -45,11 +45,11 @@ struct BlockQ8_0 {
   int8_t qs[32];
 };
 struct BlockQ4_K {
-  uint16_t d;           // f16 super-block scale of the sub-block scales
-  uint16_t dmin;        // f16 super-block scale of the sub-block mins
-  uint8_t scales[12];   // 8 x (6-bit scale, 6-bit min), see get_scale_min_k4
-  uint8_t qs[128];      // 64-element chunk c: qs[32c + l] low nibble = element 64c + l,
-                        //                     high nibble = element 64c + 32 + l
+  uint16_t d;          // f16 super-block scale of the sub-block scales
+  uint16_t dmin;       // f16 super-block scale of the sub-block mins
+  uint8_t scales[12];  // 8 x (6-bit scale, 6-bit min), see get_scale_min_k4
+  uint8_t qs[128];     // 64-element chunk c: qs[32c + l] low nibble = element 64c + l,
+                       //                     high nibble = element 64c + 32 + l
 };
 struct BlockQ5_K {
   uint16_t d;
@@ -123,9 +123,9 @@ inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
 }
 
 struct QuantLayout {
-  int64_t sub = 0;     // elements per sub-block: 32, or 16 for Q6_K
+  int64_t sub = 0;  // elements per sub-block: 32, or 16 for Q6_K
   bool has_min = false;
-  int offset = 0;      // codes are centred on this value (0 when has_min)
+  int offset = 0;  // codes are centred on this value (0 when has_min)
 };
 
 // The sub-block view of a quantized weight type; sub == 0 for F32 / F16 / BF16.

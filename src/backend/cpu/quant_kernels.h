@@ -27,8 +27,8 @@
 namespace specdec {
 namespace detail {
 
-inline constexpr int64_t kActBlock = 32;               // activation quantization block
-inline constexpr float kMinActivationAmax = 1e-30f;     // smaller blocks quantize to zero
+inline constexpr int64_t kActBlock = 32;             // activation quantization block
+inline constexpr float kMinActivationAmax = 1e-30f;  // smaller blocks quantize to zero
 
 // Reference activation quantization of one row (cols a multiple of 32):
 //   q[cols], d[cols / 32], s16[cols / 16].
@@ -41,8 +41,7 @@ void matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y, T
 
 // Per-ISA activation quantization (exposed so tests can check it against the reference).
 void quantize_activations_avx2(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16);
-void quantize_activations_avx512(const float* x, int64_t cols, int8_t* q, float* d,
-                                 int32_t* s16);
+void quantize_activations_avx512(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16);
 
 // A 64-byte aligned buffer owned by the calling thread, one per slot. get() grows it (the only
 // allocation) when a call needs more than any earlier call on this thread did.

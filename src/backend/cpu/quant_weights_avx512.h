@@ -126,8 +126,7 @@ inline void nibble_pairs_2x16(const uint8_t* qa, const uint8_t* qb, uint64_t ext
 
 // Pair order of two 32-code vectors given as 4-byte groups lo_g (A) and hi_g (B).
 inline __m512i interleave_dwords(__m256i a, __m256i b) {
-  const __m512i idx =
-      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   return _mm512_permutex2var_epi32(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b));
 }
 
@@ -214,11 +213,14 @@ inline void k4_scales_mins(const uint8_t* scales, uint64_t* sc, uint64_t* mn) {
 template <class Block>
 void k4_scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
   for (int64_t sb = 0; sb < nsub / 8; ++sb) {
-    const auto& blk = *reinterpret_cast<const Block*>(row + sb * static_cast<int64_t>(sizeof(Block)));
+    const auto& blk =
+        *reinterpret_cast<const Block*>(row + sb * static_cast<int64_t>(sizeof(Block)));
     uint64_t sc, mn;
     k4_scales_mins(blk.scales, &sc, &mn);
-    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
-    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
+    const __m256 scf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
+    const __m256 mnf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
     _mm256_storeu_ps(dw + 8 * sb, _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.d)), scf));
     _mm256_storeu_ps(mw + 8 * sb, _mm256_mul_ps(_mm256_set1_ps(-fp16_to_fp32(blk.dmin)), mnf));
   }
@@ -285,7 +287,8 @@ struct Q5Blocks {
     const __m512i z = nibbles_2x16(a + kQhOffset + 4, b + kQhOffset + 4);
     const uint64_t ha = load_u32(a + kQhOffset), hb = load_u32(b + kQhOffset);
     // nibble order: [A 0..15, B 0..15, A 16..31, B 16..31]
-    const uint64_t bits = (ha & 0xffff) | ((hb & 0xffff) << 16) | ((ha >> 16) << 32) | ((hb >> 16) << 48);
+    const uint64_t bits =
+        (ha & 0xffff) | ((hb & 0xffff) << 16) | ((ha >> 16) << 32) | ((hb >> 16) << 48);
     return _mm512_mask_add_epi8(z, _cvtu64_mask64(bits), z, _mm512_set1_epi8(16));
   }
   template <bool kHasB>
@@ -294,7 +297,8 @@ struct Q5Blocks {
     const auto* b = kHasB ? a + kBlockBytes : a;
     const uint64_t ha = load_u32(a + kQhOffset), hb = load_u32(b + kQhOffset);
     // pair order: 4-bit groups of A's and B's element bits interleaved
-    const uint64_t lo = _pdep_u64(ha & 0xffff, 0x0f0f0f0full) | _pdep_u64(hb & 0xffff, 0xf0f0f0f0ull);
+    const uint64_t lo =
+        _pdep_u64(ha & 0xffff, 0x0f0f0f0full) | _pdep_u64(hb & 0xffff, 0xf0f0f0f0ull);
     const uint64_t hi = _pdep_u64(ha >> 16, 0x0f0f0f0full) | _pdep_u64(hb >> 16, 0xf0f0f0f0ull);
     nibble_pairs_2x16(a + kQhOffset + 4, b + kQhOffset + 4, lo | (hi << 32), dst);
   }
@@ -351,7 +355,8 @@ struct Weights<GgmlType::kQ4_K> {
   }
   template <bool>
   static void store_pairs(const uint8_t* row, int64_t s, uint8_t* dst) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (s / 4) * 144 + 16 + 32 * (s % 4)));
+    const __m256i v = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(row + (s / 4) * 144 + 16 + 32 * (s % 4)));
     const __m256i m = _mm256_set1_epi8(0x0f);
     _mm512_storeu_si512(dst, interleave_dwords(_mm256_and_si256(v, m),
                                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m)));
@@ -385,10 +390,13 @@ struct Weights<GgmlType::kQ5_K> {
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)), _mm_cvtsi32_si128(2 * c));
     const uint64_t bits_a = _mm256_test_epi8_mask(h, _mm256_set1_epi8(1));
     const uint64_t bits_b = _mm256_test_epi8_mask(h, _mm256_set1_epi8(2));
-    const uint64_t bits = _pdep_u64(bits_a, 0x0f0f0f0f0f0f0f0full) | _pdep_u64(bits_b, 0xf0f0f0f0f0f0f0f0ull);
+    const uint64_t bits =
+        _pdep_u64(bits_a, 0x0f0f0f0f0f0f0f0full) | _pdep_u64(bits_b, 0xf0f0f0f0f0f0f0f0ull);
     const __m256i m = _mm256_set1_epi8(0x0f);
-    const __m512i z = interleave_dwords(_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
-    _mm512_storeu_si512(dst, _mm512_mask_add_epi8(z, _cvtu64_mask64(bits), z, _mm512_set1_epi8(16)));
+    const __m512i z =
+        interleave_dwords(_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+    _mm512_storeu_si512(dst,
+                        _mm512_mask_add_epi8(z, _cvtu64_mask64(bits), z, _mm512_set1_epi8(16)));
   }
   static void scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
     k4_scales<BlockQ5_K>(row, nsub, dw, mw);

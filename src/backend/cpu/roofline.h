@@ -20,7 +20,7 @@ double measure_peak_gflops(Isa isa, ThreadPool* pool);
 double measure_peak_int8_gops(Isa isa, ThreadPool* pool);
 
 // Streaming read bandwidth from DRAM in GB/s (1e9 bytes): every thread sums its share of a
-// 512 MiB buffer (touched once before timing), widest loads the CPU supports, best of 5 runs.
+// 512 MiB buffer (touched once before timing), widest loads the CPU supports, best of 8 runs.
 double measure_read_bandwidth_gbs(ThreadPool* pool);
 
 namespace detail {

@@ -11,9 +11,10 @@
 namespace specdec {
 namespace detail {
 
-#define SPECDEC_REP24(X) \
-  X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) \
-  X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define SPECDEC_REP24(X)                                                                       \
+  X(0)                                                                                         \
+  X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) \
+      X(18) X(19) X(20) X(21) X(22) X(23)
 
 double fma_loop_avx512(long iters, double* ops_per_iter) {
   *ops_per_iter = 24.0 * 16 * 2;

@@ -172,7 +172,8 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads), shared_(new
   shared_->cpus = std::make_unique<PaddedCpu[]>(static_cast<size_t>(num_threads));
   shared_->workers.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 1; i < num_threads; ++i) {
-    shared_->workers.emplace_back([s = shared_, i, num_threads] { s->worker_main(i, num_threads); });
+    shared_->workers.emplace_back(
+        [s = shared_, i, num_threads] { s->worker_main(i, num_threads); });
   }
 }
 
