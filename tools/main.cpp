@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "backend/cpu/cpu_features.h"
 #include "util/check.h"
 
 int main(int argc, char** argv) {
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   specdec::cli::add_generate_command(app);
   specdec::cli::add_bench_command(app);
   try {
+    specdec::set_isa(specdec::detect_isa());  // validates SPECDEC_ISA once, up front
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -2,8 +2,8 @@
 // dim 576, FFN 1536, KV 192, 30 layers, Q4_1 weights, Q8_0 tied 49152 x 576 output), compared
 // with the machine's measured ceilings (backend/cpu/roofline.h). Not part of ctest.
 //
-// Build (the CMake build does not glob bench/ yet):
-//   g++ -O2 -std=c++20 -Isrc bench/micro/bench_matmul.cpp build-kernels/libspecdec_core.a \
+// Built by CMake as build/bench_matmul (bench/micro/*.cpp), or by hand from the repository root:
+//   g++ -O2 -std=c++20 -Isrc bench/micro/bench_matmul.cpp build-kernels/libspecdec_core.a
 //       -lpthread -o build-kernels/bench_matmul
 // Run: build-kernels/bench_matmul [--isa scalar|avx2|avx512] [--threads N] [--rounds R] [--quick]
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
@@ -149,22 +150,30 @@ constexpr Shape kShapes[] = {
 constexpr int kNumShapes = sizeof(kShapes) / sizeof(kShapes[0]);
 constexpr int64_t kModelBatches[] = {1, 2, 4, 8, 16};
 
-// Best (smallest time / largest rate) of every measurement over all rounds. The machines this
-// runs on are shared VMs whose speed drifts by tens of percent over minutes, so each round
-// measures everything once and the report keeps each item's best round.
-struct Results {
-  double bandwidth = 0, peak_f32 = 0, peak_i8 = 0, round_trip_us = 1e30;
-  double model[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
-  double shape_n1[kNumShapes], shape_n8[kNumShapes], shape_prefill[kNumShapes];
-  Results() {
-    for (int i = 0; i < kNumShapes; ++i) shape_n1[i] = shape_n8[i] = shape_prefill[i] = 1e30;
-  }
+// One round measures the ceilings and every kernel once. The machines this runs on are shared VMs
+// whose speed drifts by tens of percent over minutes (and whose two vCPUs are sometimes SMT
+// siblings of one core), so each kernel is compared with the ceilings of its own round, and the
+// report gives the best and the median of those per-round ratios.
+struct Round {
+  double bandwidth = 0, peak_f32 = 0, peak_i8 = 0, round_trip_us = 0;
+  double model[5] = {};
+  double shape_n1[kNumShapes] = {}, shape_n8[kNumShapes] = {}, shape_prefill[kNumShapes] = {};
 };
+
+// Best and median of f(round) over the rounds ("best" = largest, or smallest if !larger).
+template <class F>
+std::pair<double, double> best_and_median(const std::vector<Round>& rounds, F f, bool larger) {
+  std::vector<double> v;
+  for (const Round& r : rounds) v.push_back(f(r));
+  std::sort(v.begin(), v.end());
+  if (!larger) std::reverse(v.begin(), v.end());
+  return {v.back(), v[v.size() / 2]};
+}
 
 int run_bench(int argc, char** argv) {
   Isa isa = active_isa();
   int threads = 2;
-  int rounds = 3;
+  int num_rounds = 3;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -174,10 +183,10 @@ int run_bench(int argc, char** argv) {
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
+      num_rounds = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--quick") {
       quick = true;
-      rounds = 1;
+      num_rounds = 1;
     }
   }
   if (!isa_supported(isa)) {
@@ -187,7 +196,8 @@ int run_bench(int argc, char** argv) {
   ThreadPool pool(threads);
   const int reps = quick ? 3 : 8;
   const int64_t n_prefill = quick ? 128 : 512;
-  std::printf("isa %s, %d threads, best of %d rounds\n", isa_name(isa), threads, rounds);
+  std::printf("isa %s, %d threads, %d rounds: best round (median round)\n", isa_name(isa), threads,
+              num_rounds);
 
   std::mt19937 rng(1);
   const std::vector<Matrix> model = make_model(rng);
@@ -203,60 +213,82 @@ int run_bench(int argc, char** argv) {
     }
   }
 
-  Results r;
-  for (int round = 0; round < rounds; ++round) {
-    r.bandwidth = std::max(r.bandwidth, measure_read_bandwidth_gbs(&pool));
-    r.peak_f32 = std::max(r.peak_f32, measure_peak_gflops(isa, &pool));
-    r.peak_i8 = std::max(r.peak_i8, measure_peak_int8_gops(isa, &pool));
-    {
-      const int kJobs = 20000;
-      const double t0 = now_s();
-      for (int j = 0; j < kJobs; ++j) pool.run([](int, int) {});
-      r.round_trip_us = std::min(r.round_trip_us, (now_s() - t0) / kJobs * 1e6);
-    }
-    for (int b = 0; b < 5; ++b) {
-      r.model[b] = std::min(r.model[b], model_pass(isa, model, kModelBatches[b], &pool, reps));
-    }
+  std::vector<Round> rounds(static_cast<size_t>(num_rounds));
+  for (int ri = 0; ri < num_rounds; ++ri) {
+    Round& r = rounds[static_cast<size_t>(ri)];
+    r.bandwidth = measure_read_bandwidth_gbs(&pool);
+    r.peak_f32 = measure_peak_gflops(isa, &pool);
+    r.peak_i8 = measure_peak_int8_gops(isa, &pool);
+    const int kJobs = 20000;
+    const double t0 = now_s();
+    for (int j = 0; j < kJobs; ++j) pool.run([](int, int) {});
+    r.round_trip_us = (now_s() - t0) / kJobs * 1e6;
+    for (int b = 0; b < 5; ++b) r.model[b] = model_pass(isa, model, kModelBatches[b], &pool, reps);
     for (int s = 0; s < kNumShapes; ++s) {
       const std::vector<Matrix>& mats = shape_mats[s];
-      r.shape_n1[s] = std::min(r.shape_n1[s], shape_time(isa, mats, 1, &pool, reps));
-      r.shape_n8[s] = std::min(r.shape_n8[s], shape_time(isa, mats, 8, &pool, reps));
+      r.shape_n1[s] = shape_time(isa, mats, 1, &pool, reps);
+      r.shape_n8[s] = shape_time(isa, mats, 8, &pool, reps);
       const std::vector<Matrix> single(mats.begin(), mats.begin() + 1);
-      r.shape_prefill[s] =
-          std::min(r.shape_prefill[s], shape_time(isa, single, n_prefill, &pool, quick ? 2 : 3));
+      r.shape_prefill[s] = shape_time(isa, single, n_prefill, &pool, quick ? 2 : 3);
     }
-    std::fprintf(stderr, "round %d done\n", round + 1);
+    std::fprintf(stderr, "round %d done\n", ri + 1);
   }
 
+  auto [bw, bw_med] = best_and_median(
+      rounds, [](const Round& r) { return r.bandwidth; }, true);
+  auto [f32, f32_med] = best_and_median(
+      rounds, [](const Round& r) { return r.peak_f32; }, true);
+  auto [i8, i8_med] = best_and_median(
+      rounds, [](const Round& r) { return r.peak_i8; }, true);
+  auto [rt, rt_med] = best_and_median(
+      rounds, [](const Round& r) { return r.round_trip_us; }, false);
   std::printf(
-      "ceilings: read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, int8 peak %.1f GOP/s\n",
-      r.bandwidth, r.peak_f32, r.peak_i8);
-  std::printf("thread pool: empty run() round trip %.2f us\n", r.round_trip_us);
+      "ceilings: read bandwidth %.1f (%.1f) GB/s, fp32 FMA peak %.1f (%.1f) GFLOP/s, "
+      "int8 peak %.1f (%.1f) GOP/s\n",
+      bw, bw_med, f32, f32_med, i8, i8_med);
+  std::printf("thread pool: empty run() round trip %.2f (%.2f) us\n", rt, rt_med);
+
   std::printf("\nwhole model (%zu matmuls, %.1f MB of weights per token):\n", model.size(),
               static_cast<double>(model_bytes) * 1e-6);
+  const double mb = static_cast<double>(model_bytes);
   for (int b = 0; b < 5; ++b) {
-    const double t = r.model[b];
-    const double gbs = static_cast<double>(model_bytes) / t * 1e-9;
+    auto [t, t_med] = best_and_median(
+        rounds, [&](const Round& r) { return r.model[b]; }, false);
+    auto [pct, pct_med] = best_and_median(
+        rounds, [&](const Round& r) { return mb / r.model[b] * 1e-9 / r.bandwidth * 100; }, true);
+    auto [ratio, ratio_med] = best_and_median(
+        rounds, [&](const Round& r) { return r.model[b] / r.model[0]; }, false);
     std::printf(
-        "  n=%-3lld %8.3f ms/pass  %6.1f GB/s (%4.1f%% of read bandwidth)  time / time(n=1) %.2f\n",
-        static_cast<long long>(kModelBatches[b]), t * 1e3, gbs, gbs / r.bandwidth * 100,
-        t / r.model[0]);
+        "  n=%-3lld %7.3f (%7.3f) ms/pass  %5.1f GB/s = %4.1f%% (%4.1f%%) of its round's "
+        "read bandwidth  time / time(n=1) %.2f (%.2f)\n",
+        static_cast<long long>(kModelBatches[b]), t * 1e3, t_med * 1e3, mb / t * 1e-9, pct, pct_med,
+        ratio, ratio_med);
   }
+
   std::printf("\nper shape (n=1 and n=8 stream weights from DRAM; n=%lld is compute bound):\n",
               static_cast<long long>(n_prefill));
   for (int s = 0; s < kNumShapes; ++s) {
     const Shape& sh = kShapes[s];
-    const int64_t one = ggml_row_bytes(sh.type, sh.cols) * sh.rows;
-    const double a = r.shape_n1[s], b = r.shape_n8[s], c = r.shape_prefill[s];
-    const double gops = 2.0 * static_cast<double>(sh.rows * sh.cols * n_prefill) / c * 1e-9;
+    const double one = static_cast<double>(ggml_row_bytes(sh.type, sh.cols) * sh.rows);
+    const double ops = 2.0 * static_cast<double>(sh.rows * sh.cols * n_prefill);
     const bool quantized = ggml_type_traits(sh.type).block_size > 1;
-    const double peak = quantized ? r.peak_i8 : r.peak_f32;
+    auto [t1, t1_med] = best_and_median(
+        rounds, [&](const Round& r) { return r.shape_n1[s]; }, false);
+    auto [x8, x8_med] = best_and_median(
+        rounds, [&](const Round& r) { return r.shape_n8[s] / r.shape_n1[s]; }, false);
+    auto [g, g_med] = best_and_median(
+        rounds, [&](const Round& r) { return ops / r.shape_prefill[s] * 1e-9; }, true);
+    auto [pct, pct_med] = best_and_median(
+        rounds,
+        [&](const Round& r) {
+          return ops / r.shape_prefill[s] * 1e-9 / (quantized ? r.peak_i8 : r.peak_f32) * 100;
+        },
+        true);
     std::printf(
-        "  %-15s n=1 %8.2f us %5.1f GB/s | n=8 %8.2f us (x%.2f) | prefill %7.1f G%s/s = %4.1f%% of "
-        "%s peak (%3.0f%% of fp32 peak)\n",
-        sh.name, a * 1e6, static_cast<double>(one) / a * 1e-9, b * 1e6, b / a, gops,
-        quantized ? "OP" : "FLOP", gops / peak * 100, quantized ? "int8" : "fp32",
-        gops / r.peak_f32 * 100);
+        "  %-15s n=1 %7.2f us %5.1f GB/s | n=8/n=1 %.2f (%.2f) | prefill %6.1f (%6.1f) "
+        "G%s/s = %4.1f%% (%4.1f%%) of its round's %s peak\n",
+        sh.name, t1 * 1e6, one / t1 * 1e-9, x8, x8_med, g, g_med, quantized ? "OP" : "FLOP", pct,
+        pct_med, quantized ? "int8" : "fp32");
   }
   return 0;
 }
