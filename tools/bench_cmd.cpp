@@ -46,10 +46,6 @@ struct BenchOptions {
   int ctx_size = 4096;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // FLOPs of one prefill pass over n tokens from an empty cache: every weight matmul for every
 // token, attention (QKᵀ and PV over the causal triangle), and the output matmul for the last row.
 double prefill_flops(const ModelConfig& c, int64_t n) {

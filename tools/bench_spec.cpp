@@ -6,15 +6,12 @@
 
 #include <fmt/format.h>
 
+#include "cli_common.h"
 #include "engine/generator.h"
 #include "util/check.h"
 
 namespace specdec::cli {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -1,6 +1,7 @@
 // Pieces shared by the specdec sub-commands.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -17,5 +18,9 @@ std::string resolve_model_path(const std::string& flag_value);
 std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet);
 
 int default_threads();
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace specdec::cli
