@@ -5,7 +5,8 @@
 
 namespace specdec {
 
-DraftLengthController::DraftLengthController(const DraftLengthConfig& config) : config_(config) {}
+DraftLengthController::DraftLengthController(const DraftLengthConfig& config)
+    : config_(config), interval_(config.probe_interval) {}
 
 int DraftLengthController::next_length() {
   if (!config_.adaptive || config_.max_draft <= 0) return std::max(config_.max_draft, 0);
@@ -33,7 +34,15 @@ int DraftLengthController::next_length() {
       best_k = k;
     }
   }
-  if (best_k == 0) off_steps_ = config_.probe_interval;
+  if (best_k == 0) {
+    // A probe that did not pay doubles the wait before the next one (up to kMaxProbeInterval);
+    // speculation that pays resets it.
+    if (probe_done_) interval_ = std::min(2 * interval_, kMaxProbeInterval);
+    off_steps_ = interval_;
+  } else {
+    interval_ = config_.probe_interval;
+  }
+  probe_done_ = false;
   return best_k;
 }
 
@@ -46,6 +55,7 @@ void DraftLengthController::record(int drafted, int accepted, double draft_secon
     steps_since_plain_ = 0;
     return;
   }
+  probe_done_ = probing_;
   probing_ = false;
   // Geometric model: `accepted` successes then one failure unless all drafts were accepted.
   const int trials = accepted + (accepted < drafted ? 1 : 0);

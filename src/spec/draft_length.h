@@ -6,7 +6,8 @@
 // t1 + k·c (c: measured extra cost per verified token) plus k·d of drafting (d: measured draft
 // cost per token). The controller picks the k in [0, max] with the best E(k) / cost(k), all
 // three figures being running averages from this sequence. When k = 0 wins, speculation is off
-// for `probe_interval` steps and then probed again with a short draft.
+// for `probe_interval` steps and then probed again with a short draft; each probe that does not
+// pay doubles the wait (up to 256 steps).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +43,10 @@ class DraftLengthController {
   double draft_per_token_ = 0;
   bool have_verify_cost_ = false;
   int off_steps_ = 0;         // steps left before probing again
-  bool probing_ = false;
+  bool probing_ = false;     // the step being recorded is a probe
+  bool probe_done_ = false;  // the last recorded speculative step was a probe
+  int interval_;             // current wait between probes
+  static constexpr int kMaxProbeInterval = 256;
   int steps_since_plain_ = 0;
   static constexpr int kRemeasureInterval = 64;
 };

@@ -4,6 +4,8 @@
 // stays at the maximum when drafts are accepted and verification is cheap.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <vector>
 
 #include "spec/draft_length.h"
@@ -91,12 +93,16 @@ TEST(DraftLength, AdaptiveTurnsOffWhenNothingIsAcceptedAndVerificationIsCostly) 
   // probe_length drafts.
   for (int i = 1; i < config.probe_interval; ++i) EXPECT_EQ(sim.step(c, none), 0) << "step " << i;
   EXPECT_EQ(sim.step(c, none), config.probe_length);
-  // The probe failed as well: off again for another interval, then another probe.
-  int zeros = 0;
-  int k = 0;
-  while ((k = sim.step(c, none)) == 0 && zeros < 100) ++zeros;
-  EXPECT_EQ(zeros, config.probe_interval);
-  EXPECT_EQ(k, config.probe_length);
+  // Each failed probe doubles the wait before the next one, up to 256 steps.
+  int expected_wait = config.probe_interval;
+  for (int round = 0; round < 6; ++round) {
+    expected_wait = std::min(2 * expected_wait, 256);
+    int zeros = 0;
+    int k = 0;
+    while ((k = sim.step(c, none)) == 0 && zeros < 1000) ++zeros;
+    EXPECT_EQ(zeros, expected_wait) << "round " << round;
+    EXPECT_EQ(k, config.probe_length) << "round " << round;
+  }
 }
 
 TEST(DraftLength, AdaptiveTurnsOffOnceAcceptanceFallsEvenWhenVerificationIsModerate) {
