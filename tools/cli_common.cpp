@@ -39,7 +39,7 @@ std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool qu
   volatile uint8_t sink = 0;
   int last_pct = -1;
   for (const auto& t : tensors) {
-    for (uint64_t off = 0; off < t.nbytes; off += static_cast<uint64_t>(page)) sink ^= t.data[off];
+    for (uint64_t off = 0; off < t.nbytes; off += static_cast<uint64_t>(page)) sink = static_cast<uint8_t>(sink ^ t.data[off]);
     done += t.nbytes;
     const int pct = total ? static_cast<int>(100 * done / total) : 100;
     if (!quiet && pct / 10 != last_pct / 10) {

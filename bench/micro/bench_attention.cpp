@@ -3,10 +3,8 @@
 // n_new causal query tokens over n_past cached tokens in each of the 30 layers, each layer with
 // its own K/V buffers, as in a forward pass. Not part of ctest.
 //
-// Build (the CMake build does not glob bench/ yet), from the repository root:
-//   g++ -O2 -std=c++20 -Isrc bench/micro/bench_attention.cpp build-attn/libspecdec_core.a
-//       -lpthread -o build-attn/bench_attention
-// Run: build-attn/bench_attention [--isa scalar|avx2|avx512] [--threads N] [--rounds R]
+// Build: cmake --build <build dir> --target bench_attention
+// Run: <build dir>/bench_attention [--isa scalar|avx2|avx512] [--threads N] [--rounds R]
 //        [--no-flush] [--case N_PAST,N_NEW] [--layers L]
 // By default a 128 MiB buffer is read between passes, so the K/V start in DRAM as they do in
 // the model, where ~100 MB of weights stream through the caches between two attention calls of
@@ -54,8 +52,8 @@ int run_bench(int argc, char** argv) {
   int rounds = 15;
   bool flush = true;
   int layers = 30;
-  std::vector<Case> cases = {{512, 1}, {512, 8}, {512, 16}, {2048, 1}, {2048, 8}, {2048, 16},
-                             {0, 512}};
+  std::vector<Case> cases = {{512, 1},  {512, 8},   {512, 16}, {2048, 1},
+                             {2048, 8}, {2048, 16}, {0, 512}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--isa" && i + 1 < argc) {
@@ -77,8 +75,10 @@ int run_bench(int argc, char** argv) {
       }
       cases = {{n_past, n_new}};
     } else {
-      std::fprintf(stderr, "usage: %s [--isa scalar|avx2|avx512] [--threads N] [--rounds R] "
-                   "[--no-flush] [--case N_PAST,N_NEW] [--layers L]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--isa scalar|avx2|avx512] [--threads N] [--rounds R] "
+                   "[--no-flush] [--case N_PAST,N_NEW] [--layers L]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -87,9 +87,11 @@ int run_bench(int argc, char** argv) {
     return 2;
   }
   ThreadPool pool(threads);
-  std::printf("attention, SmolLM2-135M shapes (%d layers, %d/%d heads of %d), isa %s, %d threads,"
-              " %s, median of %d rounds\n", layers, kHeads, kKvHeads, kHeadDim, isa_name(isa),
-              threads, flush ? "K/V cold (caches flushed)" : "K/V cache-warm", rounds);
+  std::printf(
+      "attention, SmolLM2-135M shapes (%d layers, %d/%d heads of %d), isa %s, %d threads,"
+      " %s, median of %d rounds\n",
+      layers, kHeads, kKvHeads, kHeadDim, isa_name(isa), threads,
+      flush ? "K/V cold (caches flushed)" : "K/V cache-warm", rounds);
   std::printf("%8s %6s %12s %12s %12s\n", "n_past", "n_new", "ms/pass", "us/layer", "KV GB/s");
   std::vector<float> big(flush ? (size_t{128} << 20) / sizeof(float) : 0, 1.0f);
   float sink = 0.0f;
@@ -139,4 +141,6 @@ int run_bench(int argc, char** argv) {
 }  // namespace
 }  // namespace specdec
 
-int main(int argc, char** argv) { return specdec::run_bench(argc, argv); }
+int main(int argc, char** argv) {
+  return specdec::run_bench(argc, argv);
+}

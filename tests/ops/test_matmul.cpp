@@ -597,7 +597,7 @@ TEST(Matmul, VariantsEqualReferenceAllBatchSizes) {
   ThreadPool pool(2);
   for (GgmlType type : kAllTypes) {
     const int64_t cols = min_cols(type) == 256 ? 512 : 192;
-    for (int64_t n : {1, 2, 3, 7, 8, 9, 16, 33}) {
+    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 31, 32, 33}) {
       expect_variants_equal_reference(type, 17, cols, n, static_cast<uint32_t>(100 + n), &pool);
     }
   }
@@ -720,6 +720,7 @@ TEST(Matmul, EmptyAndErrors) {
   bad = w.matrix();
   bad.type = static_cast<GgmlType>(5);  // unassigned id
   EXPECT_THROW(matmul(bad, x.data(), 1, y.data(), nullptr), Error);
+  EXPECT_THROW(matmul(w.matrix(), nullptr, 1, y.data(), nullptr), Error);
   WeightMatrix zero_rows = w.matrix();
   zero_rows.rows = 0;
   matmul(zero_rows, x.data(), 1, y.data(), nullptr);  // nothing to do

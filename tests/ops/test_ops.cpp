@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -461,7 +462,7 @@ TEST(Ops, AttentionModelShapes) {
   std::mt19937 gen(9);
   ThreadPool pool2(2), pool3(3);
   // SmolLM2-135M (9/3 heads of 64), a Llama-style 32/8 of 128, multi-query 16/1, and a group of
-  // 70 heads (more than one task's 64) sharing one KV head.
+  // 70 heads sharing one KV head (blocks of 3 tokens).
   check_attention({make_shape(37, 5, 9, 3, 64), {}}, &pool2, &pool3, gen);
   check_attention({make_shape(37, 5, 9, 3, 64), tree_mask(gen, 5)}, &pool2, &pool3, gen);
   check_attention({make_shape(11, 3, 32, 8, 128), {}}, &pool2, &pool3, gen);
@@ -514,6 +515,97 @@ TEST(Ops, AttentionEmptyAndUnseen) {
     for (int e = 0; e < 16; ++e) EXPECT_EQ(out[e], 0.0f);
     for (int e = 16; e < 32; ++e) EXPECT_NEAR(out[e], 3.0f, 1e-6);
   }
+}
+
+// --- attention: bit-exact invariance ------------------------------------------------------------
+
+// Index of the first element whose bits differ, or -1.
+int64_t first_bitwise_difference(const float* a, const float* b, int64_t n) {
+  for (int64_t e = 0; e < n; ++e) {
+    if (std::memcmp(a + e, b + e, sizeof(float)) != 0) return e;
+  }
+  return -1;
+}
+
+// What speculative decoding relies on: every query token of a multi-token call gets bitwise the
+// output of a one-token call (n_new = 1, causal) over a cache that holds exactly the slots it
+// sees, in slot order, so n_past = visible - 1. Checked for every variant, with no pool and with
+// pools of 2 and 3 threads on both sides.
+void check_attention_invariance(const AttentionShape& s, const std::vector<uint8_t>& mask_bytes,
+                                ThreadPool* pool2, ThreadPool* pool3, std::mt19937& gen) {
+  const uint8_t* mask = mask_bytes.empty() ? nullptr : mask_bytes.data();
+  const int64_t n_kv = s.n_past + s.n_new;
+  const int64_t kv_row = static_cast<int64_t>(s.n_kv_heads) * s.head_dim;
+  const int64_t q_row = static_cast<int64_t>(s.n_heads) * s.head_dim;
+  const std::vector<float> q = random_vector(gen, s.n_new * q_row, -2, 2);  // [n_new, q_row]
+  const std::vector<float> k = random_vector(gen, n_kv * kv_row, -2, 2);    // [n_kv, kv_row]
+  const std::vector<float> v = random_vector(gen, n_kv * kv_row, -1, 1);    // [n_kv, kv_row]
+  ThreadPool* const pools[3] = {nullptr, pool2, pool3};
+  auto threads = [](const ThreadPool* pool) { return pool == nullptr ? 1 : pool->size(); };
+  for (Isa isa : supported_variants()) {
+    std::vector<float> multi[3];  // per pool: [n_new, q_row]
+    for (int p = 0; p < 3; ++p) {
+      multi[p].resize(static_cast<size_t>(s.n_new * q_row));
+      attention_isa(isa, s, q.data(), k.data(), v.data(), mask, multi[p].data(), pools[p]);
+    }
+    for (int64_t i = 0; i < s.n_new; ++i) {
+      std::vector<float> k1, v1;  // [n_visible, kv_row]: the slots token i sees, in order
+      for (int64_t slot = 0; slot < n_kv; ++slot) {
+        if (!visible(s, mask, i, slot)) continue;
+        k1.insert(k1.end(), k.begin() + slot * kv_row, k.begin() + (slot + 1) * kv_row);
+        v1.insert(v1.end(), v.begin() + slot * kv_row, v.begin() + (slot + 1) * kv_row);
+      }
+      const int64_t n_visible = static_cast<int64_t>(k1.size()) / kv_row;
+      if (n_visible == 0) continue;  // zeros; AttentionEmptyAndUnseen covers it
+      AttentionShape one = s;
+      one.n_past = n_visible - 1;
+      one.n_new = 1;
+      for (ThreadPool* pool : pools) {
+        std::vector<float> alone(static_cast<size_t>(q_row));  // [q_row]
+        attention_isa(isa, one, q.data() + i * q_row, k1.data(), v1.data(), nullptr, alone.data(),
+                      pool);
+        for (int p = 0; p < 3; ++p) {
+          const float* batched = multi[p].data() + i * q_row;  // [q_row]
+          const int64_t e = first_bitwise_difference(alone.data(), batched, q_row);
+          ASSERT_EQ(e, -1) << isa_name(isa) << " n_past " << s.n_past << " n_new " << s.n_new
+                           << " heads " << s.n_heads << "/" << s.n_kv_heads << " hd "
+                           << s.head_dim << " mask " << (mask ? "explicit" : "causal")
+                           << ": token " << i << " (" << n_visible << " visible), element " << e
+                           << ": alone with " << threads(pool) << " threads " << alone[e]
+                           << ", batched with " << threads(pools[p]) << " threads " << batched[e];
+        }
+      }
+    }
+  }
+}
+
+TEST(Ops, AttentionTokenOutputIndependentOfBatch) {
+  std::mt19937 gen(12);
+  ThreadPool pool2(2), pool3(3);
+  // SmolLM2-135M heads: chains, trees and arbitrary masks over verification-sized batches, with
+  // prefixes that span several K/V tiles.
+  for (int64_t n_past : {0, 1, 37, 60, 300}) {
+    for (int64_t n_new : {1, 2, 5, 8, 16}) {
+      const AttentionShape s = make_shape(n_past, n_new, 9, 3, 64);
+      check_attention_invariance(s, {}, &pool2, &pool3, gen);
+      check_attention_invariance(s, tree_mask(gen, n_new), &pool2, &pool3, gen);
+      check_attention_invariance(s, random_mask(gen, n_new), &pool2, &pool3, gen);
+    }
+  }
+  // Several blocks of tokens (threads sharing each block, or one block per task: 70 heads make
+  // blocks of 3 tokens), head_dim with SIMD tails, and one KV head per query head.
+  check_attention_invariance(make_shape(0, 64, 9, 3, 64), {}, &pool2, &pool3, gen);
+  check_attention_invariance(make_shape(20, 50, 9, 3, 64), tree_mask(gen, 50), &pool2, &pool3,
+                             gen);
+  check_attention_invariance(make_shape(100, 30, 70, 1, 16), {}, &pool2, &pool3, gen);
+  check_attention_invariance(make_shape(10, 40, 70, 2, 16), random_mask(gen, 40), &pool2, &pool3,
+                             gen);
+  check_attention_invariance(make_shape(13, 7, 6, 2, 20), {}, &pool2, &pool3, gen);
+  check_attention_invariance(make_shape(13, 7, 6, 2, 20), random_mask(gen, 7), &pool2, &pool3,
+                             gen);
+  check_attention_invariance(make_shape(9, 5, 4, 2, 7), tree_mask(gen, 5), &pool2, &pool3, gen);
+  check_attention_invariance(make_shape(40, 6, 4, 4, 8), random_mask(gen, 6), &pool2, &pool3,
+                             gen);
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
                 ThreadPool* pool) {
   validate(w, n, "matmul");
   if (n == 0 || w.rows == 0) return;
+  if (x == nullptr || y == nullptr) throw Error("matmul: null activations or output");
   switch (isa) {
     case Isa::kScalar:
       detail::matmul_ref(w, x, n, y, pool);

@@ -1,5 +1,6 @@
 // AVX2 (+FMA, F16C) matmul for quantized weights, and the AVX2 entry point. Same arithmetic as
-// the reference (quant_kernels.h), bit for bit; same two kernels as the AVX-512 file, narrower:
+// the reference (quant_kernels.h), bit for bit; the row and tile kernels of the AVX-512 file,
+// narrower (no panel kernel: the tile kernel serves every n >= 2):
 //
 //  * row kernel (n == 1): 8 weight rows; per 32 elements vpmaddubsw + vpmaddwd give 8 partial
 //    sums per row, a hadd tree turns the 8 x 8 partials into one vector with lane = weight row,

@@ -40,8 +40,14 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int
 //        token j; nullptr means causal (j <= i). Every query sees all n_past cached slots.
 //   out: [n_new, n_heads, head_dim]
 // GQA: query head h reads KV head h / (n_heads / n_kv_heads). scale usually 1/sqrt(head_dim).
-// n_new == 0 is a no-op; a query that sees no slot at all gets zeros. Work is split over the
-// pool by (query, KV head); per-thread scratch grows to the longest context seen and is reused.
+// n_new == 0 is a no-op; a query that sees no slot at all gets zeros. The queries are processed
+// in blocks (all n_new when they are few): the slots every query of a block sees are read once
+// for the whole block, all KV heads of a slot together; the pool's threads share a block (split
+// by slot ranges) or take one block each. Scratch grows to the largest call seen and is reused.
+// Bit-exact invariance: a query head's output depends only on its q and the contents of its
+// visible slots in slot order - not on n_new, the mask of other queries, the thread count or how
+// the work is split - so a token verified in a batch or tree gets exactly the output it gets when
+// decoded alone (n_new = 1 after its visible slots). See ops.cpp for how.
 struct AttentionShape {
   int64_t n_past = 0;
   int64_t n_new = 0;
@@ -71,14 +77,22 @@ struct OpsKernels {
   void (*rmsnorm)(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
                   float* y);
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* out);
-  // x[i] = exp(x[i] - max(x)) in place; returns Σ x[i] (>= 1). n >= 1.
-  float (*exp_shifted_sum)(float* x, int64_t n);
+  // max_i x[i]. n >= 1.
+  float (*row_max)(const float* x, int64_t n);
+  // x[i] = exp(x[i] - max) in place; returns Σ x[i]. n >= 1. The blocking of the sum is
+  // relative to x (the driver calls it on fixed chunks of a query's visible list).
+  float (*exp_shifted_sum)(float* x, int64_t n, float max);
   // x[i] *= a.
   void (*scale)(float* x, int64_t n, float a);
   // s[r * ld_s + j] = scale * <q[r], k[j * k_stride ..]>   q: [n_q, head_dim], j < n_rows.
+  // Each score must come out bitwise the same whatever n_q, n_rows, r and j are (one fixed
+  // instruction sequence per dot product): the driver scores a slot in different calls.
   void (*attn_scores)(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
                       int head_dim, float scale, float* s, int64_t ld_s);
   // out[r] += Σ_j p[r * ld_p + j] * v[j * v_stride ..]   out: [n_q, head_dim], j < n_rows.
+  // Each output element must be updated once per j, in order j = 0, 1, .., from its current
+  // value, p and v alone (no state carried within a call), so splitting the rows over calls
+  // changes nothing.
   void (*attn_accumulate)(const float* p, int64_t ld_p, int n_q, const float* v,
                           int64_t v_stride, int64_t n_rows, int head_dim, float* out);
 };

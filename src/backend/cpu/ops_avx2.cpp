@@ -118,7 +118,7 @@ void swiglu_avx2(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
-float exp_shifted_sum_avx2(float* x, int64_t n) {
+float row_max_avx2(const float* x, int64_t n) {
   const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
   __m256 mx = neg_inf;
   int64_t i = 0;
@@ -129,10 +129,14 @@ float exp_shifted_sum_avx2(float* x, int64_t n) {
         _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m));
     mx = _mm256_max_ps(mx, xv);
   }
-  const __m256 max = _mm256_set1_ps(hmax(mx));
+  return hmax(mx);
+}
+
+float exp_shifted_sum_avx2(float* x, int64_t n, float max_value) {
+  const __m256 max = _mm256_set1_ps(max_value);
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
-  i = 0;
+  int64_t i = 0;
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
     for (int u = 0; u < 4; ++u) {
       const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + u * kLanes), max));
@@ -167,7 +171,9 @@ void scale_avx2(float* x, int64_t n, float a) {
 
 // Scores of R (1..4) query rows against one K row at a time (the rows left over by
 // scores_rows4). The accumulators are named variables rather than an array, which GCC may keep
-// in memory.
+// in memory. A score's arithmetic is the same here and in scores_rows4 (8-lane FMA chain, the
+// hsum4 tree, explicit fma for the tail dims, one multiply by scale), so it does not depend on
+// the block a K row falls in or on the other query rows of the call (see ops.cpp).
 template <int R>
 void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
                   float scale, float* s, int64_t ld_s) {
@@ -189,7 +195,7 @@ void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_ro
     alignas(16) float dots[4];
     _mm_store_ps(dots, hsum4(a0, a1, a2, a3));
     for (int d = d_vec; d < head_dim; ++d) {
-      for (int r = 0; r < R; ++r) dots[r] += q[r * head_dim + d] * kj[d];
+      for (int r = 0; r < R; ++r) dots[r] = std::fma(q[r * head_dim + d], kj[d], dots[r]);
     }
     for (int r = 0; r < R; ++r) s[r * ld_s + j] = scale * dots[r];
   }
@@ -236,10 +242,10 @@ void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_bl
     for (int d = d_vec; d < head_dim; ++d) {
       for (int r = 0; r < R; ++r) {
         const float qd = q[r * head_dim + d];
-        dots[r][0] += qd * k0[d];
-        dots[r][1] += qd * k1[d];
-        dots[r][2] += qd * k2[d];
-        dots[r][3] += qd * k3[d];
+        dots[r][0] = std::fma(qd, k0[d], dots[r][0]);
+        dots[r][1] = std::fma(qd, k1[d], dots[r][1]);
+        dots[r][2] = std::fma(qd, k2[d], dots[r][2]);
+        dots[r][3] = std::fma(qd, k3[d], dots[r][3]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -371,7 +377,7 @@ void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v,
 
 const OpsKernels& ops_kernels_avx2() {
   static const OpsKernels kernels = {
-      rmsnorm_avx2, swiglu_avx2,      exp_shifted_sum_avx2,
+      rmsnorm_avx2, swiglu_avx2,      row_max_avx2,         exp_shifted_sum_avx2,
       scale_avx2,   attn_scores_avx2, attn_accumulate_avx2,
   };
   return kernels;

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cpu/ops.h"
 
@@ -18,18 +19,6 @@ constexpr int kLanes = 16;
 
 inline __mmask16 tail_mask(int64_t n) {
   return static_cast<__mmask16>((1u << n) - 1u);
-}
-
-// The four horizontal sums {Σa, Σb, Σc, Σd}.
-inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  auto fold = [](__m512 z) {
-    return _mm256_add_ps(_mm512_castps512_ps256(z),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1)));
-  };
-  const __m256 ab = _mm256_hadd_ps(fold(a), fold(b));
-  const __m256 cd = _mm256_hadd_ps(fold(c), fold(d));
-  const __m256 abcd = _mm256_hadd_ps(ab, cd);
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
 // exp(x): x = n·ln2 + r with |r| <= ln2/2, the same degree-6 polynomial as the AVX2 variant,
@@ -107,16 +96,20 @@ void swiglu_avx512(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
-float exp_shifted_sum_avx512(float* x, int64_t n) {
+float row_max_avx512(const float* x, int64_t n) {
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   __m512 mx = neg_inf;
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
   if (i < n) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, tail_mask(n - i), x + i));
-  const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  return _mm512_reduce_max_ps(mx);
+}
+
+float exp_shifted_sum_avx512(float* x, int64_t n, float max_value) {
+  const __m512 max = _mm512_set1_ps(max_value);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
-  i = 0;
+  int64_t i = 0;
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
     for (int u = 0; u < 4; ++u) {
       const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + u * kLanes), max));
@@ -151,225 +144,213 @@ void scale_avx512(float* x, int64_t n, float a) {
   }
 }
 
-// Scores of R (1..4) query rows against one K row at a time (the rows left over by
-// scores_rows4). The accumulators are named variables rather than an array, which GCC may keep
-// in memory.
-template <int R>
-void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float scale, float* s, int64_t ld_s) {
-  const float* q0 = q;  // [head_dim] each
-  const float* q1 = q + (R > 1 ? head_dim : 0);
-  const float* q2 = q + (R > 2 ? 2 * head_dim : 0);
-  const float* q3 = q + (R > 3 ? 3 * head_dim : 0);
-  for (int64_t j = 0; j < n_rows; ++j) {
-    const float* kj = k + j * k_stride;  // [head_dim]
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int d = 0; d < head_dim; d += kLanes) {
-      const __mmask16 m = tail_mask(head_dim - d < kLanes ? head_dim - d : kLanes);
-      const __m512 kv = _mm512_maskz_loadu_ps(m, kj + d);
-      a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q0 + d), kv, a0);
-      if constexpr (R > 1) a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q1 + d), kv, a1);
-      if constexpr (R > 2) a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q2 + d), kv, a2);
-      if constexpr (R > 3) a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q3 + d), kv, a3);
-    }
-    alignas(16) float dots[4];
-    _mm_store_ps(dots, hsum4(a0, a1, a2, a3));
-    for (int r = 0; r < R; ++r) s[r * ld_s + j] = scale * dots[r];
-  }
-}
+// --- attention scores ---------------------------------------------------------------------
+// Lanes hold 4 query rows x 4 interleaved dims: lane (r, p) of the accumulator for K row j sums
+// q[r][4m + p] * k[j][4m + p] over m = 0, 1, .. (one FMA chain per lane, K quads broadcast to the
+// four rows), then reduce4 adds the 4 phases as (p0 + p1) + (p2 + p3) and the score is scaled.
+// That sequence is the same for every row and K row whatever n_q, n_rows or the position in the
+// call (missing rows are zero lanes, missing K rows zero accumulators, which no score reads), as
+// the attention driver requires; and no horizontal sum runs per dot product.
 
-// Scores of R (1..4) query rows against blocks of 4 K rows: 4·R accumulators, so each K and q
-// chunk is loaded once per block and one hsum4 gives a query's 4 scores. Masked loads cover a
-// head_dim that is not a multiple of 16.
-template <int R>
-void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_blocks, int head_dim,
-                  float scale, float* s, int64_t ld_s) {
-  const __m128 scale4 = _mm_set1_ps(scale);
-  const float* q0 = q;  // [head_dim] each
-  const float* q1 = q + (R > 1 ? head_dim : 0);
-  const float* q2 = q + (R > 2 ? 2 * head_dim : 0);
-  const float* q3 = q + (R > 3 ? 3 * head_dim : 0);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const float* k0 = k + 4 * b * k_stride;  // [head_dim] each
-    const float* k1 = k0 + k_stride;
-    const float* k2 = k1 + k_stride;
-    const float* k3 = k2 + k_stride;
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
-    __m512 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-    __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
-    __m512 c30 = c00, c31 = c00, c32 = c00, c33 = c00;
-    for (int d = 0; d < head_dim; d += kLanes) {
-      const __mmask16 m = tail_mask(head_dim - d < kLanes ? head_dim - d : kLanes);
-      const __m512 x0 = _mm512_maskz_loadu_ps(m, k0 + d);
-      const __m512 x1 = _mm512_maskz_loadu_ps(m, k1 + d);
-      const __m512 x2 = _mm512_maskz_loadu_ps(m, k2 + d);
-      const __m512 x3 = _mm512_maskz_loadu_ps(m, k3 + d);
-      __m512 qv = _mm512_maskz_loadu_ps(m, q0 + d);
-      c00 = _mm512_fmadd_ps(qv, x0, c00);
-      c01 = _mm512_fmadd_ps(qv, x1, c01);
-      c02 = _mm512_fmadd_ps(qv, x2, c02);
-      c03 = _mm512_fmadd_ps(qv, x3, c03);
-      if constexpr (R > 1) {
-        qv = _mm512_maskz_loadu_ps(m, q1 + d);
-        c10 = _mm512_fmadd_ps(qv, x0, c10);
-        c11 = _mm512_fmadd_ps(qv, x1, c11);
-        c12 = _mm512_fmadd_ps(qv, x2, c12);
-        c13 = _mm512_fmadd_ps(qv, x3, c13);
-      }
-      if constexpr (R > 2) {
-        qv = _mm512_maskz_loadu_ps(m, q2 + d);
-        c20 = _mm512_fmadd_ps(qv, x0, c20);
-        c21 = _mm512_fmadd_ps(qv, x1, c21);
-        c22 = _mm512_fmadd_ps(qv, x2, c22);
-        c23 = _mm512_fmadd_ps(qv, x3, c23);
-      }
-      if constexpr (R > 3) {
-        qv = _mm512_maskz_loadu_ps(m, q3 + d);
-        c30 = _mm512_fmadd_ps(qv, x0, c30);
-        c31 = _mm512_fmadd_ps(qv, x1, c31);
-        c32 = _mm512_fmadd_ps(qv, x2, c32);
-        c33 = _mm512_fmadd_ps(qv, x3, c33);
+// q rows [n_q, head_dim] packed by groups of 4 rows: packed[(g * steps + m) * 16 + r * 4 + p] =
+// q[4g + r][4m + p], zero past n_q and head_dim; steps = ceil(head_dim / 4).
+void pack_query_groups(const float* q, int n_q, int head_dim, float* packed) {
+  const int steps = (head_dim + 3) / 4;
+  for (int g = 0; 4 * g < n_q; ++g) {
+    const int rows = n_q - 4 * g < 4 ? n_q - 4 * g : 4;
+    const float* q0 = q + static_cast<int64_t>(4 * g) * head_dim;  // [rows, head_dim]
+    float* pg = packed + static_cast<int64_t>(g) * steps * 16;     // [steps, 16]
+    int m = 0;
+    if (rows == 4) {
+      for (; 4 * m + 16 <= head_dim; m += 4) {  // a 4x4 transpose of 128-bit quads
+        const __m512 r0 = _mm512_loadu_ps(q0 + 4 * m);
+        const __m512 r1 = _mm512_loadu_ps(q0 + head_dim + 4 * m);
+        const __m512 r2 = _mm512_loadu_ps(q0 + 2 * head_dim + 4 * m);
+        const __m512 r3 = _mm512_loadu_ps(q0 + 3 * head_dim + 4 * m);
+        const __m512 t0 = _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 t1 = _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512 t2 = _mm512_shuffle_f32x4(r2, r3, _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 t3 = _mm512_shuffle_f32x4(r2, r3, _MM_SHUFFLE(3, 2, 3, 2));
+        _mm512_storeu_ps(pg + (m + 0) * 16, _mm512_shuffle_f32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm512_storeu_ps(pg + (m + 1) * 16, _mm512_shuffle_f32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1)));
+        _mm512_storeu_ps(pg + (m + 2) * 16, _mm512_shuffle_f32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm512_storeu_ps(pg + (m + 3) * 16, _mm512_shuffle_f32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1)));
       }
     }
-    float* sb = s + 4 * b;  // [R, ld_s], columns 4b .. 4b+3
-    _mm_storeu_ps(sb, _mm_mul_ps(scale4, hsum4(c00, c01, c02, c03)));
-    if constexpr (R > 1) _mm_storeu_ps(sb + ld_s, _mm_mul_ps(scale4, hsum4(c10, c11, c12, c13)));
-    if constexpr (R > 2) {
-      _mm_storeu_ps(sb + 2 * ld_s, _mm_mul_ps(scale4, hsum4(c20, c21, c22, c23)));
-    }
-    if constexpr (R > 3) {
-      _mm_storeu_ps(sb + 3 * ld_s, _mm_mul_ps(scale4, hsum4(c30, c31, c32, c33)));
+    for (; m < steps; ++m) {
+      const int n = head_dim - 4 * m < 4 ? head_dim - 4 * m : 4;
+      const __mmask8 dims = static_cast<__mmask8>((1u << n) - 1u);
+      for (int r = 0; r < 4; ++r) {
+        const __m128 x =
+            r < rows ? _mm_maskz_loadu_ps(dims, q0 + static_cast<int64_t>(r) * head_dim + 4 * m)
+                     : _mm_setzero_ps();
+        _mm_storeu_ps(pg + m * 16 + r * 4, x);
+      }
     }
   }
 }
 
-template <int R>
-void scores_block(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float scale, float* s, int64_t ld_s) {
-  const int64_t n_blocks = n_rows / 4;
-  scores_rows4<R>(q, k, k_stride, n_blocks, head_dim, scale, s, ld_s);
-  const int64_t j = 4 * n_blocks;
-  if (j < n_rows) {
-    scores_rows1<R>(q, k + j * k_stride, k_stride, n_rows - j, head_dim, scale, s + j, ld_s);
+// {row r: the 4 scores of slots 0..3} from the 4 slots' accumulators (lanes: row r, phase p).
+inline __m512 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 b01 = _mm512_add_ps(_mm512_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 b23 = _mm512_add_ps(_mm512_shuffle_ps(a2, a3, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(a2, a3, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_ps(b01, b23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(b01, b23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Scores of G (1..2) packed row groups against S (1..8) consecutive K rows: G·S accumulators,
+// each K quad loaded once for both groups. rows[g]: valid rows of group g (1..4).
+template <int G, int S>
+void scores_block(const float* packed, int steps, const float* k, int64_t k_stride, int head_dim,
+                  float scale, const int rows[2], float* s, int64_t ld_s) {
+  __m512 acc[G][S];
+#pragma GCC unroll 2
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+    for (int j = 0; j < S; ++j) acc[g][j] = _mm512_setzero_ps();
+  }
+  const float* p1 = packed + (G > 1 ? steps * 16 : 0);  // the second group's [steps, 16]
+  const int full = head_dim / 4;
+  for (int m = 0; m < full; ++m) {
+    const __m512 q0 = _mm512_loadu_ps(packed + m * 16);
+    const __m512 q1 = G > 1 ? _mm512_loadu_ps(p1 + m * 16) : q0;
+#pragma GCC unroll 8
+    for (int j = 0; j < S; ++j) {
+      const __m512 kq = _mm512_broadcast_f32x4(_mm_loadu_ps(k + j * k_stride + 4 * m));
+      acc[0][j] = _mm512_fmadd_ps(q0, kq, acc[0][j]);
+      if constexpr (G > 1) acc[1][j] = _mm512_fmadd_ps(q1, kq, acc[1][j]);
+    }
+  }
+  if (full < steps) {  // head_dim % 4 dims left: masked K loads (q is zero-padded)
+    const __mmask8 dims = static_cast<__mmask8>((1u << (head_dim - 4 * full)) - 1u);
+    const __m512 q0 = _mm512_loadu_ps(packed + full * 16);
+    const __m512 q1 = G > 1 ? _mm512_loadu_ps(p1 + full * 16) : q0;
+#pragma GCC unroll 8
+    for (int j = 0; j < S; ++j) {
+      const __m512 kq =
+          _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(dims, k + j * k_stride + 4 * full));
+      acc[0][j] = _mm512_fmadd_ps(q0, kq, acc[0][j]);
+      if constexpr (G > 1) acc[1][j] = _mm512_fmadd_ps(q1, kq, acc[1][j]);
+    }
+  }
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 2
+    for (int j0 = 0; j0 < S; j0 += 4) {
+      const __m512 c = _mm512_mul_ps(
+          scale16, reduce4(acc[g][j0], j0 + 1 < S ? acc[g][j0 + 1] : zero,
+                           j0 + 2 < S ? acc[g][j0 + 2] : zero, j0 + 3 < S ? acc[g][j0 + 3] : zero));
+      const __mmask8 slots = static_cast<__mmask8>((1u << (S - j0 < 4 ? S - j0 : 4)) - 1u);
+      float* sg = s + 4 * g * ld_s + j0;  // [rows, ld_s]
+      _mm_mask_storeu_ps(sg, slots, _mm512_castps512_ps128(c));
+      if (rows[g] > 1) _mm_mask_storeu_ps(sg + ld_s, slots, _mm512_extractf32x4_ps(c, 1));
+      if (rows[g] > 2) _mm_mask_storeu_ps(sg + 2 * ld_s, slots, _mm512_extractf32x4_ps(c, 2));
+      if (rows[g] > 3) _mm_mask_storeu_ps(sg + 3 * ld_s, slots, _mm512_extractf32x4_ps(c, 3));
+    }
   }
 }
 
-void attn_scores_avx512(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                        int head_dim, float scale, float* s, int64_t ld_s) {
-  int r = 0;
-  for (; r + 4 <= n_q; r += 4) {
-    scores_block<4>(q + r * head_dim, k, k_stride, n_rows, head_dim, scale, s + r * ld_s, ld_s);
+template <int G>
+void scores_groups(const float* packed, int steps, const float* k, int64_t k_stride, int64_t n_rows,
+                   int head_dim, float scale, const int rows[2], float* s, int64_t ld_s) {
+  int64_t j = 0;
+  for (; j + 8 <= n_rows; j += 8) {
+    scores_block<G, 8>(packed, steps, k + j * k_stride, k_stride, head_dim, scale, rows, s + j,
+                       ld_s);
   }
-  const float* qr = q + r * head_dim;
-  float* sr = s + r * ld_s;
-  switch (n_q - r) {
+  const float* kj = k + j * k_stride;
+  float* sj = s + j;
+  switch (n_rows - j) {
+    case 7:
+      scores_block<G, 7>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      break;
+    case 6:
+      scores_block<G, 6>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      break;
+    case 5:
+      scores_block<G, 5>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      break;
+    case 4:
+      scores_block<G, 4>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      break;
     case 3:
-      scores_block<3>(qr, k, k_stride, n_rows, head_dim, scale, sr, ld_s);
+      scores_block<G, 3>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
       break;
     case 2:
-      scores_block<2>(qr, k, k_stride, n_rows, head_dim, scale, sr, ld_s);
+      scores_block<G, 2>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
       break;
     case 1:
-      scores_block<1>(qr, k, k_stride, n_rows, head_dim, scale, sr, ld_s);
+      scores_block<G, 1>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
       break;
     default:
       break;
   }
 }
 
-// out[r, 0:64] += Σ_j p[r, j] · v[j, 0:64] for R (1..4) rows: four 16-lane chunks (lanes
-// m[0..3]; a full mask costs nothing extra) per row, so a pass reads each V row's whole 256 bytes
-// at once; all 4·R accumulators are named registers (an array may be kept in memory by GCC).
+// K rows per pass over the row groups: a tile of one head's K stays in L1 while every group
+// uses it.
+constexpr int64_t kScoreTileRows = 32;
+
+void attn_scores_avx512(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
+                        int head_dim, float scale, float* s, int64_t ld_s) {
+  const int steps = (head_dim + 3) / 4;
+  const int n_groups = (n_q + 3) / 4;
+  thread_local std::vector<float> packed_buffer;  // grows to the largest call and is kept
+  const size_t packed_size = static_cast<size_t>(n_groups) * steps * 16;
+  if (packed_buffer.size() < packed_size) packed_buffer.resize(packed_size);
+  float* packed = packed_buffer.data();  // [n_groups, steps, 16]
+  pack_query_groups(q, n_q, head_dim, packed);
+  for (int64_t j = 0; j < n_rows; j += kScoreTileRows) {
+    const int64_t n = n_rows - j < kScoreTileRows ? n_rows - j : kScoreTileRows;
+    for (int g = 0; g < n_groups; g += 2) {
+      const int rows[2] = {n_q - 4 * g < 4 ? n_q - 4 * g : 4,
+                           n_q - 4 * g - 4 < 4 ? n_q - 4 * g - 4 : 4};
+      const float* pg = packed + static_cast<int64_t>(g) * steps * 16;
+      float* sg = s + 4 * g * ld_s + j;
+      if (rows[1] > 0) {
+        scores_groups<2>(pg, steps, k + j * k_stride, k_stride, n, head_dim, scale, rows, sg, ld_s);
+      } else {
+        scores_groups<1>(pg, steps, k + j * k_stride, k_stride, n, head_dim, scale, rows, sg, ld_s);
+      }
+    }
+  }
+}
+
+// --- attention accumulation ---------------------------------------------------------------
+// out[r, 0:64] += Σ_j p[r, j] · v[j, 0:64] for R (1..6) rows: four 16-lane chunks (lanes m[0..3];
+// a masked-off chunk costs nothing extra) per row, so a pass reads each V row's 256 bytes once
+// for all R rows. Every output lane takes one FMA per j, in order.
 template <int R>
 void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, const __mmask16 m[4], float* out) {
-  const __mmask16 m0 = m[0], m1 = m[1], m2 = m[2], m3 = m[3];
-  const float* p0 = p;  // [n_rows] each
-  const float* p1 = p + (R > 1 ? ld_p : 0);
-  const float* p2 = p + (R > 2 ? 2 * ld_p : 0);
-  const float* p3 = p + (R > 3 ? 3 * ld_p : 0);
-  float* o0 = out;  // [64] each
-  float* o1 = out + (R > 1 ? head_dim : 0);
-  float* o2 = out + (R > 2 ? 2 * head_dim : 0);
-  float* o3 = out + (R > 3 ? 3 * head_dim : 0);
-  __m512 a00 = _mm512_maskz_loadu_ps(m0, o0), a01 = _mm512_maskz_loadu_ps(m1, o0 + kLanes);
-  __m512 a02 = _mm512_maskz_loadu_ps(m2, o0 + 2 * kLanes);
-  __m512 a03 = _mm512_maskz_loadu_ps(m3, o0 + 3 * kLanes);
-  __m512 a10 = _mm512_setzero_ps(), a11 = a10, a12 = a10, a13 = a10;
-  __m512 a20 = a10, a21 = a10, a22 = a10, a23 = a10;
-  __m512 a30 = a10, a31 = a10, a32 = a10, a33 = a10;
-  if constexpr (R > 1) {
-    a10 = _mm512_maskz_loadu_ps(m0, o1);
-    a11 = _mm512_maskz_loadu_ps(m1, o1 + kLanes);
-    a12 = _mm512_maskz_loadu_ps(m2, o1 + 2 * kLanes);
-    a13 = _mm512_maskz_loadu_ps(m3, o1 + 3 * kLanes);
-  }
-  if constexpr (R > 2) {
-    a20 = _mm512_maskz_loadu_ps(m0, o2);
-    a21 = _mm512_maskz_loadu_ps(m1, o2 + kLanes);
-    a22 = _mm512_maskz_loadu_ps(m2, o2 + 2 * kLanes);
-    a23 = _mm512_maskz_loadu_ps(m3, o2 + 3 * kLanes);
-  }
-  if constexpr (R > 3) {
-    a30 = _mm512_maskz_loadu_ps(m0, o3);
-    a31 = _mm512_maskz_loadu_ps(m1, o3 + kLanes);
-    a32 = _mm512_maskz_loadu_ps(m2, o3 + 2 * kLanes);
-    a33 = _mm512_maskz_loadu_ps(m3, o3 + 3 * kLanes);
+  __m512 acc[R][4];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c)
+      acc[r][c] = _mm512_maskz_loadu_ps(m[c], out + r * head_dim + c * kLanes);
   }
   for (int64_t j = 0; j < n_rows; ++j) {
-    const float* vj = v + j * v_stride;
-    const __m512 v0 = _mm512_maskz_loadu_ps(m0, vj);
-    const __m512 v1 = _mm512_maskz_loadu_ps(m1, vj + kLanes);
-    const __m512 v2 = _mm512_maskz_loadu_ps(m2, vj + 2 * kLanes);
-    const __m512 v3 = _mm512_maskz_loadu_ps(m3, vj + 3 * kLanes);
-    __m512 pr = _mm512_set1_ps(p0[j]);
-    a00 = _mm512_fmadd_ps(pr, v0, a00);
-    a01 = _mm512_fmadd_ps(pr, v1, a01);
-    a02 = _mm512_fmadd_ps(pr, v2, a02);
-    a03 = _mm512_fmadd_ps(pr, v3, a03);
-    if constexpr (R > 1) {
-      pr = _mm512_set1_ps(p1[j]);
-      a10 = _mm512_fmadd_ps(pr, v0, a10);
-      a11 = _mm512_fmadd_ps(pr, v1, a11);
-      a12 = _mm512_fmadd_ps(pr, v2, a12);
-      a13 = _mm512_fmadd_ps(pr, v3, a13);
-    }
-    if constexpr (R > 2) {
-      pr = _mm512_set1_ps(p2[j]);
-      a20 = _mm512_fmadd_ps(pr, v0, a20);
-      a21 = _mm512_fmadd_ps(pr, v1, a21);
-      a22 = _mm512_fmadd_ps(pr, v2, a22);
-      a23 = _mm512_fmadd_ps(pr, v3, a23);
-    }
-    if constexpr (R > 3) {
-      pr = _mm512_set1_ps(p3[j]);
-      a30 = _mm512_fmadd_ps(pr, v0, a30);
-      a31 = _mm512_fmadd_ps(pr, v1, a31);
-      a32 = _mm512_fmadd_ps(pr, v2, a32);
-      a33 = _mm512_fmadd_ps(pr, v3, a33);
+    const float* vj = v + j * v_stride;  // [64] of this pass
+    __m512 vv[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) vv[c] = _mm512_maskz_loadu_ps(m[c], vj + c * kLanes);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * ld_p + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vv[c], acc[r][c]);
     }
   }
-  _mm512_mask_storeu_ps(o0, m0, a00);
-  _mm512_mask_storeu_ps(o0 + kLanes, m1, a01);
-  _mm512_mask_storeu_ps(o0 + 2 * kLanes, m2, a02);
-  _mm512_mask_storeu_ps(o0 + 3 * kLanes, m3, a03);
-  if constexpr (R > 1) {
-    _mm512_mask_storeu_ps(o1, m0, a10);
-    _mm512_mask_storeu_ps(o1 + kLanes, m1, a11);
-    _mm512_mask_storeu_ps(o1 + 2 * kLanes, m2, a12);
-    _mm512_mask_storeu_ps(o1 + 3 * kLanes, m3, a13);
-  }
-  if constexpr (R > 2) {
-    _mm512_mask_storeu_ps(o2, m0, a20);
-    _mm512_mask_storeu_ps(o2 + kLanes, m1, a21);
-    _mm512_mask_storeu_ps(o2 + 2 * kLanes, m2, a22);
-    _mm512_mask_storeu_ps(o2 + 3 * kLanes, m3, a23);
-  }
-  if constexpr (R > 3) {
-    _mm512_mask_storeu_ps(o3, m0, a30);
-    _mm512_mask_storeu_ps(o3 + kLanes, m1, a31);
-    _mm512_mask_storeu_ps(o3 + 2 * kLanes, m2, a32);
-    _mm512_mask_storeu_ps(o3 + 3 * kLanes, m3, a33);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c)
+      _mm512_mask_storeu_ps(out + r * head_dim + c * kLanes, m[c], acc[r][c]);
   }
 }
 
@@ -389,12 +370,18 @@ void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_str
 void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
                             int64_t n_rows, int head_dim, float* out) {
   int r = 0;
-  for (; r + 4 <= n_q; r += 4) {
-    accumulate_rows<4>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, out + r * head_dim);
+  for (; r + 6 <= n_q; r += 6) {
+    accumulate_rows<6>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, out + r * head_dim);
   }
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
+    case 5:
+      accumulate_rows<5>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      break;
+    case 4:
+      accumulate_rows<4>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      break;
     case 3:
       accumulate_rows<3>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
       break;
@@ -413,7 +400,7 @@ void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const float* 
 
 const OpsKernels& ops_kernels_avx512() {
   static const OpsKernels kernels = {
-      rmsnorm_avx512, swiglu_avx512,      exp_shifted_sum_avx512,
+      rmsnorm_avx512, swiglu_avx512,      row_max_avx512,         exp_shifted_sum_avx512,
       scale_avx512,   attn_scores_avx512, attn_accumulate_avx512,
   };
   return kernels;

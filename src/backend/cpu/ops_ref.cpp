@@ -33,9 +33,13 @@ void swiglu_ref(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
-float exp_shifted_sum_ref(float* x, int64_t n) {
+float row_max_ref(const float* x, int64_t n) {
   float max = x[0];
   for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
+  return max;
+}
+
+float exp_shifted_sum_ref(float* x, int64_t n, float max) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     x[i] = std::exp(x[i] - max);
@@ -77,7 +81,8 @@ void attn_accumulate_ref(const float* p, int64_t ld_p, int n_q, const float* v, 
 
 const OpsKernels& ops_kernels_ref() {
   static const OpsKernels kernels = {
-      rmsnorm_ref, swiglu_ref, exp_shifted_sum_ref, scale_ref, attn_scores_ref, attn_accumulate_ref,
+      rmsnorm_ref, swiglu_ref,      row_max_ref,         exp_shifted_sum_ref,
+      scale_ref,   attn_scores_ref, attn_accumulate_ref,
   };
   return kernels;
 }

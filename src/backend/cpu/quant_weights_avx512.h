@@ -181,6 +181,46 @@ inline void block_heads16(const uint8_t* p, __m512* d, __m512* m) {
   if (kMin) *m = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(out, 1));
 }
 
+// vpermt2w index tables for step_heads8: with rows 2j, 2j+1 in the two halves of a zmm and two
+// such zmm as sources, output word q < 16 (pair layout: q = 2 row + parity) takes the f16 d of
+// (row, parity), word 16 + q its f16 m; for rows 0..3 (lo) or 4..7 (hi, same table).
+template <int kBB>
+struct StepHeadTable {
+  alignas(64) uint16_t idx[32];
+  static constexpr StepHeadTable make() {
+    StepHeadTable t{};
+    for (int q = 0; q < 32; ++q) {
+      const int row = (q % 16) / 2 % 4, parity = q % 2, m = q / 16;
+      t.idx[q] = static_cast<uint16_t>((row / 2) * 32 + (row % 2) * 16 + parity * (kBB / 2) + m);
+    }
+    return t;
+  }
+};
+template <int kBB>
+inline constexpr StepHeadTable<kBB> kStepHeads = StepHeadTable<kBB>::make();
+
+// dw / mw of sub-blocks 2s, 2s+1 of 8 rows (stride rb from g) in pair layout, read from the
+// block headers (kBB <= 28: both headers within 32 bytes of the first). kHasB == false: block
+// 2s + 1 does not exist (zero scales, nothing read past block 2s).
+template <int kBB, bool kMin, bool kHasB>
+inline void step_heads8(const uint8_t* g, int64_t rb, int64_t s, __m512* dw, __m512* mw) {
+  static_assert(kBB <= 28);
+  const uint8_t* h = g + 2 * s * kBB;
+  const __mmask32 bytes = kHasB ? ~0u : (1u << kBB) - 1;
+  __m512i z[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m256i lo = _mm256_maskz_loadu_epi8(bytes, h + 2 * j * rb);
+    const __m256i hi = _mm256_maskz_loadu_epi8(bytes, h + (2 * j + 1) * rb);
+    z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  const __m512i idx = _mm512_load_si512(kStepHeads<kBB>.idx);
+  const __m512i rows03 = _mm512_permutex2var_epi16(z[0], idx, z[1]);
+  const __m512i rows47 = _mm512_permutex2var_epi16(z[2], idx, z[3]);
+  const __m512i words = _mm512_mask_mov_epi16(rows03, 0xff00ff00u, rows47);
+  *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(words));
+  if (kMin) *mw = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(words, 1));
+}
+
 template <int kBB, bool kMin>
 void scales_from_block_heads(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
   int64_t b = 0;
@@ -227,6 +267,8 @@ void k4_scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
 }
 
 // Weight types. Each: kSub, kMin, kOffset (see quant_blocks.h);
+//   kHeadBytes: block size when both headers of a step (f16 d, m at its two blocks' starts) lie
+//     in 32 bytes - the row kernel then reads the scales per step - else 0;
 //   kNibbleOrder: unpack() returns the codes in nibble order (see nibbles_2x16) instead of
 //     natural order; the activation row is permuted the same way;
 //   unpack<kHasB>(row, s): the 64 codes of elements [64 s, 64 s + 64); for the 32-element
@@ -241,6 +283,7 @@ struct Weights;
 
 template <>
 struct Weights<GgmlType::kQ4_0> {
+  static constexpr int kHeadBytes = 18;  // f16 d (and m) lead every 18-byte block
   static constexpr int kSub = 32, kOffset = 8;
   static constexpr bool kMin = false, kNibbleOrder = true;
   template <bool kHasB>
@@ -260,6 +303,7 @@ struct Weights<GgmlType::kQ4_0> {
 
 template <>
 struct Weights<GgmlType::kQ4_1> {
+  static constexpr int kHeadBytes = 20;  // f16 d (and m) lead every 20-byte block
   static constexpr int kSub = 32, kOffset = 0;
   static constexpr bool kMin = true, kNibbleOrder = true;
   template <bool kHasB>
@@ -306,6 +350,7 @@ struct Q5Blocks {
 
 template <>
 struct Weights<GgmlType::kQ5_0> : Q5Blocks<22, 2> {
+  static constexpr int kHeadBytes = 22;  // f16 d (and m) lead every 22-byte block
   static constexpr int kSub = 32, kOffset = 16;
   static constexpr bool kMin = false, kNibbleOrder = true;
   static void scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
@@ -315,6 +360,7 @@ struct Weights<GgmlType::kQ5_0> : Q5Blocks<22, 2> {
 
 template <>
 struct Weights<GgmlType::kQ5_1> : Q5Blocks<24, 4> {
+  static constexpr int kHeadBytes = 24;  // f16 d (and m) lead every 24-byte block
   static constexpr int kSub = 32, kOffset = 0;
   static constexpr bool kMin = true, kNibbleOrder = true;
   static void scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
@@ -324,6 +370,7 @@ struct Weights<GgmlType::kQ5_1> : Q5Blocks<24, 4> {
 
 template <>
 struct Weights<GgmlType::kQ8_0> {
+  static constexpr int kHeadBytes = 0;
   static constexpr int kSub = 32, kOffset = 128;
   static constexpr bool kMin = false, kNibbleOrder = false;
   template <bool kHasB>
@@ -347,6 +394,7 @@ struct Weights<GgmlType::kQ8_0> {
 
 template <>
 struct Weights<GgmlType::kQ4_K> {
+  static constexpr int kHeadBytes = 0;
   static constexpr int kSub = 32, kOffset = 0;
   static constexpr bool kMin = true, kNibbleOrder = false;
   template <bool>
@@ -368,6 +416,7 @@ struct Weights<GgmlType::kQ4_K> {
 
 template <>
 struct Weights<GgmlType::kQ5_K> {
+  static constexpr int kHeadBytes = 0;
   static constexpr int kSub = 32, kOffset = 0;
   static constexpr bool kMin = true, kNibbleOrder = false;
   template <bool>
@@ -405,6 +454,7 @@ struct Weights<GgmlType::kQ5_K> {
 
 template <>
 struct Weights<GgmlType::kQ6_K> {
+  static constexpr int kHeadBytes = 0;
   static constexpr int kSub = 16, kOffset = 32;
   static constexpr bool kMin = false, kNibbleOrder = false;
   // Step s: elements 64 s' .. 64 s' + 63 of super-block s / 4 (s' = s % 4), i.e. half h = s' / 2,

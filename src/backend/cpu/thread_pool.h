@@ -1,6 +1,9 @@
 // A fixed pool of worker threads for data-parallel kernels. The calling thread takes part as
 // thread 0, so ThreadPool(1) runs everything inline. Workers spin briefly between jobs (a decode
-// step launches a few hundred small jobs) and then sleep. run() does not allocate.
+// step launches a few hundred small jobs) and then sleep. run() does not allocate. A run() issued
+// while the pool is busy - from inside a job, or from a second thread - runs inline as a
+// one-thread job (num_threads == 1) instead of deadlocking. Jobs must not throw on workers; an
+// exception on the calling thread is rethrown after the workers finished.
 #pragma once
 
 #include <atomic>
