@@ -158,7 +158,7 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
       st.n_drafted += n - 1;
       st.n_accepted += n_acc;
     }
-    if (proposer) draft_length.record(n - 1, n_acc, draft_s, pass_s);
+    if (proposer) draft_length.record(n - 1, n_acc, draft_s, pass_s, tree_.max_depth());
 
     // 4. The cache keeps the root and the accepted path, compacted into place.
     keep_.clear();

@@ -6,7 +6,9 @@
 namespace specdec {
 
 DraftLengthController::DraftLengthController(const DraftLengthConfig& config)
-    : config_(config), interval_(config.probe_interval) {}
+    : config_(config), interval_(config.probe_interval) {
+  depth_accept_.fill(kInitialAcceptance);
+}
 
 int DraftLengthController::next_length() {
   if (!config_.adaptive || config_.max_draft <= 0) return std::max(config_.max_draft, 0);
@@ -20,13 +22,14 @@ int DraftLengthController::next_length() {
   // A plain step now and then measures the cost of a 1-token pass (it grows with the context).
   if (t1_ <= 0 || ++steps_since_plain_ > kRemeasureInterval) return 0;
   if (!have_verify_cost_) return config_.max_draft;
-  const double a = std::clamp(accept_, 0.0, 0.999);
   double best_rate = 1.0 / t1_;  // k = 0: one token per plain pass
   int best_k = 0;
-  double expected = 1.0, ak = 1.0;
+  double expected = 1.0, reach = 1.0;  // reach: probability that the k-th draft is accepted
   for (int k = 1; k <= config_.max_draft; ++k) {
-    ak *= a;
-    expected += ak;
+    // The pooled rate is a floor: a depth with little evidence falls back to it.
+    const double a_k = std::max(accept_, depth_accept_[std::min(k, kMaxTrackedDepth)]);
+    reach *= std::clamp(a_k, 0.0, 0.999);
+    expected += reach;
     const double cost = t1_ + k * (per_token_ + draft_per_token_);
     const double rate = expected / cost;
     if (rate > best_rate) {
@@ -47,7 +50,7 @@ int DraftLengthController::next_length() {
 }
 
 void DraftLengthController::record(int drafted, int accepted, double draft_seconds,
-                                   double pass_seconds) {
+                                   double pass_seconds, int draft_depth) {
   const double w = config_.ema;
   auto blend = [w](double old, double now) { return old <= 0 ? now : (1 - w) * old + w * now; };
   if (drafted == 0) {
@@ -57,10 +60,25 @@ void DraftLengthController::record(int drafted, int accepted, double draft_secon
   }
   probe_done_ = probing_;
   probing_ = false;
-  // Geometric model: `accepted` successes then one failure unless all drafts were accepted.
-  const int trials = accepted + (accepted < drafted ? 1 : 0);
+  // Per depth: the draft at depth i was tried when all before it were accepted. Acceptance is
+  // bursty (a copied passage is accepted as a whole, a digression not at all), so later depths,
+  // given their prefix, are accepted more often than the first: a single geometric rate would
+  // understate long drafts.
+  const int depth = draft_depth > 0 ? draft_depth : drafted;
+  const int tried = std::min(accepted + 1, depth);
+  for (int i = 1; i <= tried; ++i) {
+    double& a = depth_accept_[std::min(i, kMaxTrackedDepth)];
+    a = (1 - w) * a + w * (i <= accepted ? 1.0 : 0.0);
+  }
+  // Everything drafted was accepted: depths not tried yet are believed at least as likely.
+  if (accepted == depth) {
+    for (int i = depth + 1; i <= kMaxTrackedDepth; ++i) {
+      depth_accept_[i] = std::max(depth_accept_[i], depth_accept_[std::min(depth, kMaxTrackedDepth)]);
+    }
+  }
+  // The overall rate (reported by acceptance()): `accepted` successes then one failure.
+  const int trials = accepted + (accepted < depth ? 1 : 0);
   const double observed = trials > 0 ? static_cast<double>(accepted) / trials : accept_;
-  // Weight by the number of trials so long drafts count for more evidence.
   const double wk = 1.0 - std::pow(1.0 - w, std::max(trials, 1));
   accept_ = (1 - wk) * accept_ + wk * observed;
   if (t1_ > 0) {

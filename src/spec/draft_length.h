@@ -1,8 +1,8 @@
 // Adaptive speculation (issue 3 §5): chooses each step's draft length from what speculation
 // has recently earned, so that it never costs more than it saves.
 //
-// Model: each draft token is accepted with probability a (given its parent was), so k drafts
-// yield E(k) = (1 - a^(k+1)) / (1 - a) tokens per target pass. A pass over 1 + k tokens costs
+// Model: the draft at depth i is accepted with probability a_i given its parent was (running
+// averages per depth), so k drafts yield E(k) = 1 + Σ_{i<=k} a_1·…·a_i tokens per target pass. A pass over 1 + k tokens costs
 // t1 + k·c (c: measured extra cost per verified token) plus k·d of drafting (d: measured draft
 // cost per token). The controller picks the k in [0, max] with the best E(k) / cost(k), all
 // three figures being running averages from this sequence. When k = 0 wins, speculation is off
@@ -10,6 +10,7 @@
 // pay doubles the wait (up to 256 steps).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace specdec {
@@ -29,15 +30,20 @@ class DraftLengthController {
   // Draft tokens to ask for this step (0: plain decoding step).
   int next_length();
 
-  // The step's outcome: drafts proposed (may be fewer than asked), drafts accepted on the path,
-  // seconds spent drafting and in the target pass over 1 + drafted tokens.
-  void record(int drafted, int accepted, double draft_seconds, double pass_seconds);
+  // The step's outcome: drafts proposed (may be fewer than asked; tree nodes for a tree), drafts
+  // accepted on the path, seconds spent drafting and in the target pass over 1 + drafted tokens,
+  // and the depth of the draft (its longest path; default: drafted, a chain).
+  void record(int drafted, int accepted, double draft_seconds, double pass_seconds,
+              int draft_depth = -1);
 
   double acceptance() const { return accept_; }
 
  private:
   DraftLengthConfig config_;
-  double accept_ = 0.6;       // per-token acceptance a (optimistic start so speculation is tried)
+  static constexpr double kInitialAcceptance = 0.6;  // optimistic, so speculation is tried
+  static constexpr int kMaxTrackedDepth = 16;        // deeper drafts share the last estimate
+  double accept_ = kInitialAcceptance;  // overall per-token acceptance (reporting)
+  std::array<double, kMaxTrackedDepth + 1> depth_accept_;  // [depth] a_i; index 0 unused
   double t1_ = 0;             // seconds of a 1-token pass (0 = not measured yet)
   double per_token_ = 0;      // extra seconds per verified draft token
   double draft_per_token_ = 0;
