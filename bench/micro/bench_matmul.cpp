@@ -6,11 +6,14 @@
 //   g++ -O2 -std=c++20 -Isrc bench/micro/bench_matmul.cpp build-kernels/libspecdec_core.a
 //       -lpthread -o build-kernels/bench_matmul
 // Run: build-kernels/bench_matmul [--isa scalar|avx2|avx512] [--threads N] [--rounds R] [--quick]
+//        [--packed]   (AVX-512: Q4_0 / Q4_1 / Q8_0 matrices in the packed layout, as the model
+//                      loads them; see backend/cpu/packed_weights.h)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -18,6 +21,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_blocks.h"
 #include "backend/cpu/roofline.h"
 #include "backend/cpu/thread_pool.h"
@@ -34,14 +38,31 @@ struct Matrix {
   GgmlType type;
   int64_t rows, cols;
   std::vector<uint8_t> data;
+  std::shared_ptr<PackedWeights> packed;  // set with --packed for packable types
   WeightMatrix view() const {
+    if (packed) return packed->stacked();
     return WeightMatrix{type, data.data(), rows, cols, ggml_row_bytes(type, cols)};
   }
   int64_t bytes() const { return rows * ggml_row_bytes(type, cols); }
 };
 
+bool g_packed = false;
+
+Matrix make_plain_matrix(const std::string& name, GgmlType type, int64_t rows, int64_t cols,
+                         std::mt19937& rng);
+
 Matrix make_matrix(const std::string& name, GgmlType type, int64_t rows, int64_t cols,
                    std::mt19937& rng) {
+  Matrix m = make_plain_matrix(name, type, rows, cols, rng);
+  if (g_packed && packable(type)) {
+    const WeightMatrix w{type, m.data.data(), rows, cols, ggml_row_bytes(type, cols)};
+    m.packed = std::make_shared<PackedWeights>(PackedWeights::pack({&w, 1}, nullptr));
+  }
+  return m;
+}
+
+Matrix make_plain_matrix(const std::string& name, GgmlType type, int64_t rows, int64_t cols,
+                         std::mt19937& rng) {
   Matrix m{name, type, rows, cols, {}};
   m.data.resize(static_cast<size_t>(m.bytes()));
   for (auto& b : m.data) b = static_cast<uint8_t>(rng());
@@ -184,6 +205,8 @@ int run_bench(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
       num_rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--packed") {
+      g_packed = true;
     } else if (a == "--quick") {
       quick = true;
       num_rounds = 1;
@@ -196,8 +219,8 @@ int run_bench(int argc, char** argv) {
   ThreadPool pool(threads);
   const int reps = quick ? 3 : 8;
   const int64_t n_prefill = quick ? 128 : 512;
-  std::printf("isa %s, %d threads, %d rounds: best round (median round)\n", isa_name(isa), threads,
-              num_rounds);
+  std::printf("isa %s%s, %d threads, %d rounds: best round (median round)\n", isa_name(isa),
+              g_packed ? " (packed weights)" : "", threads, num_rounds);
 
   std::mt19937 rng(1);
   const std::vector<Matrix> model = make_model(rng);

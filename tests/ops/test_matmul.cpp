@@ -20,6 +20,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_blocks.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/thread_pool.h"
@@ -577,6 +578,16 @@ std::vector<float> run(Isa isa, const Weights& w, const std::vector<float>& x, i
   return y;
 }
 
+// The AVX-512 kernels on the packed copy of w (packed_weights.h).
+std::vector<float> run_packed(const Weights& w, const std::vector<float>& x, int64_t n,
+                              ThreadPool* pool) {
+  const WeightMatrix m = w.matrix();
+  const PackedWeights packed = PackedWeights::pack({&m, 1}, pool);
+  std::vector<float> y(static_cast<size_t>(n * w.rows), -777.0f);
+  matmul_isa(Isa::kAvx512, packed.stacked(), x.data(), n, y.data(), pool);
+  return y;
+}
+
 void expect_variants_equal_reference(GgmlType type, int64_t rows, int64_t cols, int64_t n,
                                      uint32_t seed, ThreadPool* pool) {
   SCOPED_TRACE(std::string(type_name(type)) + " rows=" + std::to_string(rows) +
@@ -588,6 +599,13 @@ void expect_variants_equal_reference(GgmlType type, int64_t rows, int64_t cols, 
     const std::vector<float> got = run(isa, w, x, n, pool);
     const int64_t at = first_bit_difference(want, got);
     ASSERT_EQ(at, -1) << isa_name(isa) << ": first difference at " << at << " (x row " << at / rows
+                      << ", weight row " << at % rows << "): " << got[at] << " vs reference "
+                      << want[at];
+  }
+  if (isa_supported(Isa::kAvx512) && packable(type)) {
+    const std::vector<float> got = run_packed(w, x, n, pool);
+    const int64_t at = first_bit_difference(want, got);
+    ASSERT_EQ(at, -1) << "avx512 packed: first difference at " << at << " (x row " << at / rows
                       << ", weight row " << at % rows << "): " << got[at] << " vs reference "
                       << want[at];
   }
@@ -724,6 +742,86 @@ TEST(Matmul, EmptyAndErrors) {
   WeightMatrix zero_rows = w.matrix();
   zero_rows.rows = 0;
   matmul(zero_rows, x.data(), 1, y.data(), nullptr);  // nothing to do
+}
+
+// The packed layout holds exactly the codes and scales of the sub-block view, for every element.
+TEST(PackedWeights, LayoutHoldsEverySubBlockValue) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(type_name(type));
+    const Weights w = make_weights(type, 37, 96, 3, false);  // rows not a multiple of 16
+    const WeightMatrix m = w.matrix();
+    const PackedWeights packed = PackedWeights::pack({&m, 1}, nullptr);
+    const QuantLayout layout = quant_layout(type);
+    uint8_t q[32];
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const uint8_t* row = w.data.data() + r * m.row_bytes;
+      for (int64_t b = 0; b < w.cols / 32; ++b) {
+        float dw, mw;
+        decode_sub_block(type, row, b, q, &dw, &mw);
+        for (int64_t j = 0; j < 32; ++j) {
+          uint8_t code;
+          float pdw, pmw;
+          packed_element(packed.stacked(), r, 32 * b + j, &code, &pdw, &pmw);
+          ASSERT_EQ(code, q[j]) << "row " << r << " element " << 32 * b + j;
+          ASSERT_EQ(pdw, dw);
+          if (layout.has_min) {
+            ASSERT_EQ(pmw, mw);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Stacked matrices (Q/K/V packed as one) give each part's outputs in its columns, bit for bit.
+TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
+  if (!isa_supported(Isa::kAvx512)) {
+    GTEST_SKIP() << "packed kernels need AVX-512";
+  }
+  ThreadPool pool(2);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(type_name(type));
+    const Weights a = make_weights(type, 48, 192, 1, true);
+    const Weights b = make_weights(type, 16, 192, 2, true);
+    const Weights c = make_weights(type, 21, 192, 3, true);
+    const WeightMatrix parts[] = {a.matrix(), b.matrix(), c.matrix()};
+    const PackedWeights packed = PackedWeights::pack(parts, &pool);
+    EXPECT_EQ(packed.stacked().rows, 85);
+    EXPECT_EQ(packed.stacked().data, nullptr);
+    for (int64_t n : {1, 3, 8, 13}) {
+      const std::vector<float> x = make_activations(n, 192, 7);
+      std::vector<float> y(static_cast<size_t>(n * 85));
+      matmul_isa(Isa::kAvx512, packed.stacked(), x.data(), n, y.data(), &pool);
+      int64_t col0 = 0;
+      for (size_t k = 0; k < 3; ++k) {
+        const Weights& part = k == 0 ? a : k == 1 ? b : c;
+        const std::vector<float> want = run(Isa::kScalar, part, x, n, nullptr);
+        std::vector<float> got_part(static_cast<size_t>(n * part.rows));
+        matmul_isa(Isa::kAvx512, packed.part(k), x.data(), n, got_part.data(), &pool);
+        EXPECT_EQ(first_bit_difference(want, got_part), -1) << "part " << k << " n=" << n;
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t r = 0; r < part.rows; ++r) {
+            ASSERT_EQ(y[i * 85 + col0 + r], want[i * part.rows + r])
+                << "part " << k << " n=" << n << " row " << i << " col " << r;
+          }
+        }
+        col0 += part.rows;
+      }
+    }
+    // A packed-only matrix cannot run on the other variants: a clear error, not a crash.
+    const std::vector<float> x = make_activations(1, 192, 7);
+    std::vector<float> y(85);
+    EXPECT_THROW(matmul_isa(Isa::kScalar, packed.stacked(), x.data(), 1, y.data(), nullptr),
+                 Error);
+  }
+  // Bad stacks: a type without a packed layout; a middle part that does not fill its blocks.
+  const Weights k4 = make_weights(GgmlType::kQ4_K, 16, 256, 1, false);
+  const WeightMatrix k4m = k4.matrix();
+  EXPECT_THROW(PackedWeights::pack({&k4m, 1}, nullptr), Error);
+  const Weights odd = make_weights(GgmlType::kQ4_0, 17, 64, 1, false);
+  const Weights even = make_weights(GgmlType::kQ4_0, 16, 64, 1, false);
+  const WeightMatrix bad_stack[] = {odd.matrix(), even.matrix()};
+  EXPECT_THROW(PackedWeights::pack(bad_stack, nullptr), Error);
 }
 
 TEST(CpuFeatures, DispatchFollowsSetIsa) {

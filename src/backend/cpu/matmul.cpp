@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_blocks.h"
 #include "backend/cpu/quant_kernels.h"
 #include "util/check.h"
@@ -57,7 +58,12 @@ void validate(const WeightMatrix& w, int64_t n, const char* where) {
                 t->name + " row of " + std::to_string(w.cols) + " elements should be " +
                 std::to_string(ggml_row_bytes(w.type, w.cols)));
   }
-  if (w.data == nullptr && w.rows > 0) throw Error(std::string(where) + ": weight data is null");
+  if (w.data == nullptr && w.packed == nullptr && w.rows > 0) {
+    throw Error(std::string(where) + ": weight data is null");
+  }
+  if (w.packed != nullptr && w.packed_block_bytes != packed_block_bytes(w.type, w.cols)) {
+    throw Error(std::string(where) + ": packed " + t->name + " matrix has a bad block size");
+  }
   if (n < 0) throw Error(std::string(where) + ": negative n " + std::to_string(n));
 }
 
@@ -68,6 +74,19 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
   validate(w, n, "matmul");
   if (n == 0 || w.rows == 0) return;
   if (x == nullptr || y == nullptr) throw Error("matmul: null activations or output");
+  if (isa == Isa::kAvx512 && w.packed != nullptr) {
+    SPECDEC_CHECK(isa_supported(Isa::kAvx512), "matmul_isa: AVX-512 not supported here");
+    if (n < detail::kPackedPanelMinRows) {
+      detail::packed_matmul_avx512(w, x, n, y, pool);
+    } else {
+      detail::matmul_avx512(w, x, n, y, pool);  // prefill: panels built from the packed rows
+    }
+    return;
+  }
+  if (w.data == nullptr) {
+    throw Error(std::string("matmul: this matrix exists only in the packed layout, which the ") +
+                isa_name(isa) + " kernels cannot read");
+  }
   switch (isa) {
     case Isa::kScalar:
       detail::matmul_ref(w, x, n, y, pool);
@@ -89,6 +108,7 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
 
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
   validate(w, 0, "dequantize_row");
+  SPECDEC_CHECK(w.data != nullptr, "dequantize_row: the matrix exists only packed");
   if (row < 0 || row >= w.rows) {
     throw Error("dequantize_row: row " + std::to_string(row) + " out of range [0, " +
                 std::to_string(w.rows) + ")");

@@ -22,6 +22,11 @@ struct WeightMatrix {
   int64_t rows = 0;       // output features
   int64_t cols = 0;       // input features; a multiple of the type's block size
   int64_t row_bytes = 0;  // ggml_row_bytes(type, cols)
+  // Optional copy of the same matrix in the row-interleaved layout of packed_weights.h, which
+  // the AVX-512 kernels read instead of `data` (null: none). `data` may be null when a matrix
+  // exists only packed (matrices stacked at load time, e.g. Q/K/V); only AVX-512 can run it.
+  const uint8_t* packed = nullptr;
+  int64_t packed_block_bytes = 0;  // bytes of one block of 16 rows in `packed`
 };
 
 // x: [n, cols] row-major float; y: [n, rows] row-major float. n == 0 is a no-op.

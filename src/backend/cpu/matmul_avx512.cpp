@@ -704,6 +704,7 @@ constexpr int64_t kPanelRows = 16 * kPanelVecs;  // 48
 constexpr int kPanelTile = 4;                    // activation rows per register tile
 // From this many activation rows on, the panel kernel replaces the tile kernel.
 constexpr int64_t kPanelMinRows = 32;
+static_assert(kPanelMinRows == kPackedPanelMinRows, "packed matrices switch kernels here too");
 
 // Position of dword k of an unpacked 64-code step: its sub-block within the step and its group.
 template <class W>
@@ -773,6 +774,55 @@ void build_panel(const WeightMatrix& w, int64_t row0, int64_t valid, const Activ
         for (int64_t k = 0; k < std::min<int64_t>(16, nsub - b0); ++k) {
           _mm512_store_ps(dst + (b0 + k) * kPanelRows + 16 * c, v[k]);
         }
+      }
+    }
+  }
+}
+
+// The same panel from packed weights (packed_weights.h): rows [row0, row0 + valid), row0 a
+// multiple of 16. A packed block already has lane = weight row, so building is unpacking.
+template <GgmlType T>
+void build_panel_packed(const WeightMatrix& w, int64_t row0, int64_t valid, const Activations& a,
+                        Panel& p) {
+  constexpr bool kEightBit = T == GgmlType::kQ8_0;
+  constexpr bool kMin = T == GgmlType::kQ4_1;
+  constexpr int64_t kCodeBytes = kEightBit ? 512 : 256;
+  const int64_t nsub = w.cols / 32;
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int c = 0; c < kPanelVecs; ++c) {
+    const int64_t first = row0 + 16 * c;
+    if (16 * c >= valid) {  // rows beyond the matrix: zero codes and scales
+      for (int64_t b = 0; b < nsub; ++b) {
+        for (int g = 0; g < 8; ++g) {
+          _mm512_store_si512(p.w + ((b * 8 + g) * kPanelVecs + c) * 64, _mm512_setzero_si512());
+        }
+        _mm512_store_ps(p.dw + b * kPanelRows + 16 * c, _mm512_setzero_ps());
+        _mm512_store_ps(p.mw + b * kPanelRows + 16 * c, _mm512_setzero_ps());
+      }
+      continue;
+    }
+    const uint8_t* blk = w.packed + (first / 16) * w.packed_block_bytes;
+    const uint8_t* scales = blk + nsub * kCodeBytes;
+    for (int64_t b = 0; b < nsub; ++b) {
+      const uint8_t* codes = blk + b * kCodeBytes;
+      uint8_t* dst = p.w + (b * 8 * kPanelVecs + c) * 64;
+      for (int g = 0; g < (kEightBit ? 8 : 4); ++g) {
+        const __m512i raw = _mm512_load_si512(codes + 64 * g);
+        if (kEightBit) {
+          _mm512_store_si512(dst + g * kPanelVecs * 64, raw);
+        } else {
+          _mm512_store_si512(dst + g * kPanelVecs * 64, _mm512_and_si512(raw, low));
+          _mm512_store_si512(dst + (g + 4) * kPanelVecs * 64,
+                             _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+        }
+      }
+      const __m512 dw =
+          _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 32 * b)));
+      _mm512_store_ps(p.dw + b * kPanelRows + 16 * c, dw);
+      if (kMin) {
+        _mm512_store_ps(p.mw + b * kPanelRows + 16 * c,
+                        _mm512_cvtph_ps(_mm256_load_si256(
+                            reinterpret_cast<const __m256i*>(scales + 32 * (nsub + b)))));
       }
     }
   }
@@ -850,7 +900,15 @@ void panel_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t
   auto* nat = reinterpret_cast<float*>(mem + w_bytes + 2 * s_bytes);
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const int64_t valid = std::min<int64_t>(kPanelRows, r1 - p0);
-    build_panel<T>(w, p0, valid, a, p, nat);
+    if constexpr (T == GgmlType::kQ4_0 || T == GgmlType::kQ4_1 || T == GgmlType::kQ8_0) {
+      if (w.packed != nullptr) {
+        build_panel_packed<T>(w, p0, valid, a, p);
+      } else {
+        build_panel<T>(w, p0, valid, a, p, nat);
+      }
+    } else {
+      build_panel<T>(w, p0, valid, a, p, nat);
+    }
     int64_t i0 = 0;
     for (; i0 + kPanelTile <= a.n; i0 += kPanelTile) {
       panel_tile<T, kPanelTile>(p, a, nsub, i0, y, w.rows, p0, valid);

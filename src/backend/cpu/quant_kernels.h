@@ -38,6 +38,11 @@ void quantize_activations_ref(const float* x, int64_t cols, int8_t* q, float* d,
 void matmul_ref(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
 void matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
 void matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
+// w.packed set (packed_weights.h); Q4_0, Q4_1 or Q8_0. From kPackedPanelMinRows rows on,
+// matmul_avx512's panel kernel (building its panels from the packed rows) is faster.
+inline constexpr int64_t kPackedPanelMinRows = 32;
+void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                          ThreadPool* pool);
 
 // Per-ISA activation quantization (exposed so tests can check it against the reference).
 void quantize_activations_avx2(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16);

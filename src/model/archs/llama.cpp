@@ -12,12 +12,16 @@
 //     x   += (silu(xn·Wgateᵀ) * xn·Wupᵀ)·Wdownᵀ
 //   logits = rmsnorm(x[output_rows]) * output_norm · Woutᵀ
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/thread_pool.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -36,6 +40,10 @@ struct LayerWeights {
   WeightMatrix w_gate;               // [ffn_dim, dim]
   WeightMatrix w_up;                 // [ffn_dim, dim]
   WeightMatrix w_down;               // [dim, ffn_dim]
+  // Stacked copies in the packed layout (null `packed` when not built): one matmul, one
+  // activation quantization and one thread join instead of three or two.
+  WeightMatrix qkv;      // [q_dim + 2 kv_dim, dim] rows of wq, then wk, then wv
+  WeightMatrix gate_up;  // [2 ffn_dim, dim] rows of w_gate, then w_up
 };
 
 class LlamaModel final : public Model {
@@ -53,6 +61,7 @@ class LlamaModel final : public Model {
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool count = true);
   const float* vector(const std::string& name, int64_t n);
   void load_weights();
+  void pack_weights();
   void dump(const char* name, int layer, const float* data, int64_t rows, int64_t cols) const {
     if (dump_) dump_(name, layer, data, rows, cols);
   }
@@ -61,6 +70,7 @@ class LlamaModel final : public Model {
   const float* output_norm_ = nullptr;  // [dim]
   WeightMatrix output_;                 // [n_vocab, dim] (tok_embd_ when tied)
   std::vector<LayerWeights> layers_;
+  std::vector<PackedWeights> packed_;  // owners of every `packed` pointer above
   int64_t weight_bytes_ = 0;
   int64_t flops_per_token_ = 0;
 
@@ -72,6 +82,8 @@ class LlamaModel final : public Model {
   std::vector<float> proj_;    // [n, dim] output of Wo / Wdown
   std::vector<float> gate_;    // [n, ffn_dim]
   std::vector<float> up_;      // [n, ffn_dim]
+  std::vector<float> qkv_;     // [n, q_dim + 2 kv_dim] output of the stacked Q/K/V matmul
+  std::vector<float> gate_up_;  // [n, 2 ffn_dim] output of the stacked gate/up matmul
   std::vector<float> sel_;     // [n_out, dim] final-normed rows chosen for output
   std::vector<float> logits_;  // [n_out, n_vocab]
 };
@@ -145,6 +157,59 @@ void LlamaModel::load_weights() {
     w.w_up = matrix(p + "ffn_up.weight", c.ffn_dim, c.dim);
     w.w_down = matrix(p + "ffn_down.weight", c.dim, c.ffn_dim);
   }
+  pack_weights();
+}
+
+// On machines with the AVX-512 kernels, Q4_0 / Q4_1 / Q8_0 matrices get a packed copy
+// (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each. The file's own bytes
+// stay mapped for the other kernels (and the embedding lookup). SPECDEC_PACKED_WEIGHTS=0 turns
+// packing off (for comparisons).
+void LlamaModel::pack_weights() {
+  const char* env = std::getenv("SPECDEC_PACKED_WEIGHTS");
+  if (!isa_supported(Isa::kAvx512) || (env != nullptr && std::strcmp(env, "0") == 0)) return;
+  ThreadPool pool(2);
+  auto same = [](const WeightMatrix& a, const WeightMatrix& b) {
+    return a.type == b.type && a.cols == b.cols;
+  };
+  auto pack = [&](std::initializer_list<WeightMatrix*> parts) -> WeightMatrix {
+    std::vector<WeightMatrix> list;
+    for (WeightMatrix* m : parts) list.push_back(*m);
+    packed_.push_back(PackedWeights::pack(list, &pool));
+    const PackedWeights& pw = packed_.back();
+    size_t k = 0;
+    for (WeightMatrix* m : parts) *m = pw.part(k++);
+    return pw.stacked();
+  };
+  auto stackable = [&](std::initializer_list<const WeightMatrix*> parts) {
+    const WeightMatrix& first = **parts.begin();
+    size_t k = 0;
+    for (const WeightMatrix* m : parts) {
+      if (!packable(m->type) || !same(first, *m)) return false;
+      if (++k < parts.size() && m->rows % kPackRows != 0) return false;
+    }
+    return true;
+  };
+  packed_.reserve(5 * layers_.size() + 1);  // pointers into packed_ must stay put
+  for (LayerWeights& w : layers_) {
+    if (stackable({&w.wq, &w.wk, &w.wv})) {
+      w.qkv = pack({&w.wq, &w.wk, &w.wv});
+    } else {
+      for (WeightMatrix* m : {&w.wq, &w.wk, &w.wv}) {
+        if (packable(m->type)) pack({m});
+      }
+    }
+    if (stackable({&w.w_gate, &w.w_up})) {
+      w.gate_up = pack({&w.w_gate, &w.w_up});
+    } else {
+      for (WeightMatrix* m : {&w.w_gate, &w.w_up}) {
+        if (packable(m->type)) pack({m});
+      }
+    }
+    for (WeightMatrix* m : {&w.wo, &w.w_down}) {
+      if (packable(m->type)) pack({m});
+    }
+  }
+  if (packable(output_.type)) pack({&output_});
 }
 
 template <class T>
@@ -211,9 +276,21 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     dump("attn_norm", l, xn, n, c.dim);
     float* k_new = kv.k(l) + n_past * kv_row;  // [n, n_kv_heads, head_dim] written in place
     float* v_new = kv.v(l) + n_past * kv_row;  // [n, n_kv_heads, head_dim]
-    matmul(w.wq, xn, n, q, pool);
-    matmul(w.wk, xn, n, k_new, pool);
-    matmul(w.wv, xn, n, v_new, pool);
+    if (w.qkv.packed != nullptr && active_isa() == Isa::kAvx512) {
+      const int64_t width = c.q_dim() + 2 * kv_row;
+      float* qkv = grow(qkv_, n * width);  // [n, q_dim + 2 kv_dim]
+      matmul(w.qkv, xn, n, qkv, pool);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* src = qkv + i * width;
+        std::memcpy(q + i * c.q_dim(), src, static_cast<size_t>(c.q_dim()) * sizeof(float));
+        std::memcpy(k_new + i * kv_row, src + c.q_dim(), static_cast<size_t>(kv_row) * 4);
+        std::memcpy(v_new + i * kv_row, src + c.q_dim() + kv_row, static_cast<size_t>(kv_row) * 4);
+      }
+    } else {
+      matmul(w.wq, xn, n, q, pool);
+      matmul(w.wk, xn, n, k_new, pool);
+      matmul(w.wv, xn, n, v_new, pool);
+    }
     rope(q, batch.positions.data(), n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
          c.rope_freq_scale, c.rope_style);
     rope(k_new, batch.positions.data(), n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
@@ -229,9 +306,18 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
 
     // Feed-forward block.
     rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
-    matmul(w.w_gate, xn, n, gate, pool);
-    matmul(w.w_up, xn, n, up, pool);
-    swiglu(gate, up, n * c.ffn_dim, gate);
+    if (w.gate_up.packed != nullptr && active_isa() == Isa::kAvx512) {
+      float* gu = grow(gate_up_, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim]
+      matmul(w.gate_up, xn, n, gu, pool);
+      for (int64_t i = 0; i < n; ++i) {
+        swiglu(gu + i * 2 * c.ffn_dim, gu + i * 2 * c.ffn_dim + c.ffn_dim, c.ffn_dim,
+               gate + i * c.ffn_dim);
+      }
+    } else {
+      matmul(w.w_gate, xn, n, gate, pool);
+      matmul(w.w_up, xn, n, up, pool);
+      swiglu(gate, up, n * c.ffn_dim, gate);
+    }
     dump("ffn_act", l, gate, n, c.ffn_dim);
     matmul(w.w_down, gate, n, proj, pool);
     for (int64_t i = 0; i < n * c.dim; ++i) x[i] += proj[i];

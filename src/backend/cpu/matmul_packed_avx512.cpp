@@ -1,0 +1,314 @@
+// AVX-512 VNNI matmul over packed (row-interleaved) weights, packed_weights.h, for any n.
+//
+// One block of 16 weight rows is processed against up to 8 activation rows at a time:
+//   for each sub-block b of 32 elements:
+//     unpack its 8 code vectors (lane r = weight row r, 4 codes each) and the 16 scales once,
+//     for each activation row i: 8 vpdpbusd, each with the row's 4 codes of one group
+//       broadcast straight from memory ({1to16}: a load, not a shuffle), then the float
+//       epilogue of quant_kernels.h on 16 weight rows at once, into the chain of b's parity.
+// No horizontal sums, no per-call re-layout of the activations: the activation rows are
+// quantized once (quantize_activations_avx512) and read in their natural layout. The weights
+// stay in registers across the activation rows, so k rows cost k x (8 dot products + 4 float
+// ops) per 32 x 16 weights plus one unpack; with one row the kernel streams the weights at
+// memory speed (software prefetch two blocks ahead).
+// Bit-identical to the scalar reference: the integer sums are exact and the float sequence per
+// output is the documented one.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/packed_weights.h"
+#include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/thread_pool.h"
+#include "util/check.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+namespace specdec {
+namespace detail {
+namespace {
+
+// acc += u8 codes x (the 4 signed bytes at p, broadcast to every lane).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i u8, const int8_t* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+          : "+v"(acc)
+          : "v"(u8), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+template <GgmlType T>
+struct Packed;
+template <>
+struct Packed<GgmlType::kQ4_0> {
+  static constexpr bool kMin = false, kEightBit = false;
+  static constexpr int kOffset = 8, kCodeBytes = 256;
+};
+template <>
+struct Packed<GgmlType::kQ4_1> {
+  static constexpr bool kMin = true, kEightBit = false;
+  static constexpr int kOffset = 0, kCodeBytes = 256;
+};
+template <>
+struct Packed<GgmlType::kQ8_0> {
+  static constexpr bool kMin = false, kEightBit = true;
+  static constexpr int kOffset = 128, kCodeBytes = 512;
+};
+
+constexpr int64_t kMaxTile = 8;  // activation rows per pass over a block of weights
+
+// Quantized activation rows, re-laid out in tiles of 8 rows so that every broadcast of a pass
+// comes from one pointer at a constant offset (no per-row address registers):
+//   qt [tiles, nsub, 8 groups, 8 rows, 4]  the 4 codes of (row, sub-block, group)
+//   dt [tiles, nsub, 8 rows]               activation scale of the sub-block's 32-block
+//   et [tiles, nsub, 8 rows]               min types: float(S32) * d; offset types: the int32
+//                                          correction offset * S32 (bit pattern in a float slot)
+// Rows beyond n are zero.
+struct Acts {
+  int64_t cols = 0;
+  int64_t nsub = 0;
+  int64_t tiles = 0;
+  int8_t* q = nullptr;     // [n, cols] natural layout (quantize_activations_avx512)
+  float* d = nullptr;      // [n, nsub]
+  int32_t* s16 = nullptr;  // [n, 2 nsub]
+  int8_t* qt = nullptr;
+  float* dt = nullptr;
+  float* et = nullptr;
+};
+
+template <GgmlType T>
+void prepare_rows(const float* x, Acts& a, int64_t i0, int64_t i1) {
+  using P = Packed<T>;
+  for (int64_t i = i0; i < i1; ++i) {
+    int8_t* q = a.q + i * a.cols;
+    quantize_activations_avx512(x + i * a.cols, a.cols, q, a.d + i * a.nsub,
+                                a.s16 + i * 2 * a.nsub);
+    const int64_t t = i / kMaxTile, r = i % kMaxTile;
+    const int32_t* s = a.s16 + i * 2 * a.nsub;
+    for (int64_t b = 0; b < a.nsub; ++b) {
+      int8_t* qt = a.qt + (t * a.nsub + b) * 256 + 4 * r;
+      for (int64_t g = 0; g < 8; ++g) std::memcpy(qt + 32 * g, q + 32 * b + 4 * g, 4);
+      const int64_t at = (t * a.nsub + b) * kMaxTile + r;
+      const float d = a.d[i * a.nsub + b];
+      const int32_t s32 = s[2 * b] + s[2 * b + 1];
+      a.dt[at] = d;
+      if constexpr (P::kMin) {
+        a.et[at] = static_cast<float>(s32) * d;
+      } else {
+        const int32_t corr = s32 * P::kOffset;
+        std::memcpy(a.et + at, &corr, 4);
+      }
+    }
+  }
+}
+
+// Zero rows [n, tiles * 8) of the last tile.
+void clear_padding(Acts& a, int64_t n) {
+  for (int64_t i = n; i < a.tiles * kMaxTile; ++i) {
+    const int64_t t = i / kMaxTile, r = i % kMaxTile;
+    for (int64_t b = 0; b < a.nsub; ++b) {
+      int8_t* qt = a.qt + (t * a.nsub + b) * 256 + 4 * r;
+      for (int64_t g = 0; g < 8; ++g) std::memset(qt + 32 * g, 0, 4);
+      const int64_t at = (t * a.nsub + b) * kMaxTile + r;
+      a.dt[at] = 0.0f;
+      a.et[at] = 0.0f;
+    }
+  }
+}
+
+// One sub-block of 16 weight rows (codes at `codes`, scales dw / mw) against the first R rows
+// of activation tile xt (its sub-block: 256 bytes of codes, 8 scales at dt / et), into facc.
+// The R integer chains are interleaved group by group so that vpdpbusd's latency is hidden;
+// each loaded nibble vector gives two groups, so only two weight vectors are live at a time.
+template <GgmlType T, int R>
+inline void sub_block(const uint8_t* codes, __m512 dw, __m512 mw, const int8_t* xt,
+                      const float* dt, const float* et, __m512 facc[R]) {
+  using P = Packed<T>;
+  __m512i acc[R];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_si512();
+  if constexpr (P::kEightBit) {
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = _mm512_load_si512(codes + 64 * g);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) acc[i] = dpbusd_bcast(acc[i], w, xt + 32 * g + 4 * i);
+    }
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512i raw = _mm512_load_si512(codes + 64 * v);
+      const __m512i lo = _mm512_and_si512(raw, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) acc[i] = dpbusd_bcast(acc[i], lo, xt + 32 * v + 4 * i);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) acc[i] = dpbusd_bcast(acc[i], hi, xt + 32 * (v + 4) + 4 * i);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    if constexpr (!P::kMin) {
+      int32_t corr;
+      std::memcpy(&corr, et + i, 4);
+      acc[i] = _mm512_sub_epi32(acc[i], _mm512_set1_epi32(corr));
+    }
+    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[i]), _mm512_set1_ps(dt[i]));
+    facc[i] = _mm512_fmadd_ps(t, dw, facc[i]);
+    if constexpr (P::kMin) facc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(et[i]), facc[i]);
+  }
+}
+
+template <GgmlType T>
+inline void sub_block_scales(const uint8_t* blk, int64_t nsub, int64_t b, __m512* dw, __m512* mw) {
+  using P = Packed<T>;
+  const uint8_t* scales = blk + nsub * P::kCodeBytes;
+  *dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 32 * b)));
+  if constexpr (P::kMin) {
+    *mw = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 32 * (nsub + b))));
+  } else {
+    *mw = *dw;
+  }
+}
+
+// Block `blk` of 16 weight rows (the first `valid` real) against activation rows
+// [i0, i0 + R) (R <= 8, i0 a multiple of 8); y rows are ldy floats apart, this block's outputs
+// start at column col0. pf: a later block to prefetch while this one runs (null: none).
+template <GgmlType T, int R>
+void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t i0, float* y,
+                int64_t ldy, int64_t col0, int64_t valid, const uint8_t* pf) {
+  using P = Packed<T>;
+  const int64_t nsub = a.nsub;
+  const int64_t tile = i0 / kMaxTile;
+  const int8_t* xt = a.qt + tile * nsub * 256;
+  const float* dt = a.dt + tile * nsub * kMaxTile;
+  const float* et = a.et + tile * nsub * kMaxTile;
+  __m512 even[R], odd[R];
+  for (int i = 0; i < R; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+  // Prefetch the next-but-one block in step with this one: ~block_bytes / nsub per sub-block.
+  const int64_t pf_lines = (block_bytes / 64 + nsub - 1) / nsub;
+  int64_t pf_at = 0;
+  auto prefetch = [&] {
+    if (pf == nullptr) return;
+    for (int64_t l = 0; l < pf_lines && pf_at < block_bytes; ++l, pf_at += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf + pf_at), _MM_HINT_T0);
+    }
+  };
+  auto step = [&](int64_t b, __m512* facc) {
+    __m512 dw, mw;
+    prefetch();
+    sub_block_scales<T>(blk, nsub, b, &dw, &mw);
+    sub_block<T, R>(blk + b * P::kCodeBytes, dw, mw, xt + b * 256, dt + b * kMaxTile,
+                    et + b * kMaxTile, facc);
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nsub; b += 2) {
+    step(b, even);
+    step(b + 1, odd);
+  }
+  if (b < nsub) step(b, even);
+  const auto mask = static_cast<__mmask16>((1u << valid) - 1);
+  for (int i = 0; i < R; ++i) {
+    _mm512_mask_storeu_ps(y + (i0 + i) * ldy + col0, mask, _mm512_add_ps(even[i], odd[i]));
+  }
+}
+
+// Row-blocks [blk0, blk1) against all n activation rows.
+template <GgmlType T>
+void blocks_range(const WeightMatrix& w, const Acts& a, int64_t n, float* y, int64_t blk0,
+                  int64_t blk1) {
+  const int64_t bb = w.packed_block_bytes;
+  for (int64_t k = blk0; k < blk1; ++k) {
+    const uint8_t* blk = w.packed + k * bb;
+    const uint8_t* pf = k + 2 < blk1 ? blk + 2 * bb : nullptr;
+    const int64_t col0 = k * kPackRows;
+    const int64_t valid = std::min<int64_t>(kPackRows, w.rows - col0);
+    int64_t i0 = 0;
+    for (; i0 + kMaxTile <= n; i0 += kMaxTile) {
+      block_rows<T, kMaxTile>(blk, bb, a, i0, y, w.rows, col0, valid, pf);
+      pf = nullptr;  // the first pass brings the block in; later ones hit the cache
+    }
+    switch (n - i0) {
+      case 7: block_rows<T, 7>(blk, bb, a, i0, y, w.rows, col0, valid, pf); break;
+      case 6: block_rows<T, 6>(blk, bb, a, i0, y, w.rows, col0, valid, pf); break;
+      case 5: block_rows<T, 5>(blk, bb, a, i0, y, w.rows, col0, valid, pf); break;
+      case 4: block_rows<T, 4>(blk, bb, a, i0, y, w.rows, col0, valid, pf); break;
+      case 3: block_rows<T, 3>(blk, bb, a, i0, y, w.rows, col0, valid, pf); break;
+      case 2: block_rows<T, 2>(blk, bb, a, i0, y, w.rows, col0, valid, pf); break;
+      case 1: block_rows<T, 1>(blk, bb, a, i0, y, w.rows, col0, valid, pf); break;
+      default: break;
+    }
+  }
+}
+
+template <GgmlType T>
+void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+  Acts a;
+  a.cols = w.cols;
+  a.nsub = w.cols / 32;
+  a.tiles = (n + kMaxTile - 1) / kMaxTile;
+  auto r64 = [](int64_t v) { return static_cast<size_t>((v + 63) / 64 * 64); };
+  const size_t q_bytes = r64(n * a.cols);
+  const size_t d_bytes = r64(n * a.nsub * 4);
+  const size_t qt_bytes = r64(a.tiles * a.nsub * 256);
+  const size_t t_bytes = r64(a.tiles * a.nsub * kMaxTile * 4);
+  auto* mem = static_cast<uint8_t*>(thread_scratch(kScratchActivations)
+                                        .get(q_bytes + 3 * d_bytes + qt_bytes + 2 * t_bytes));
+  a.q = reinterpret_cast<int8_t*>(mem);
+  a.d = reinterpret_cast<float*>(mem += q_bytes);
+  a.s16 = reinterpret_cast<int32_t*>(mem += d_bytes);  // 2 d_bytes
+  a.qt = reinterpret_cast<int8_t*>(mem += 2 * d_bytes);
+  a.dt = reinterpret_cast<float*>(mem += qt_bytes);
+  a.et = reinterpret_cast<float*>(mem += t_bytes);
+  clear_padding(a, n);
+
+  const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
+  if (pool == nullptr || pool->size() == 1) {
+    prepare_rows<T>(x, a, 0, n);
+    blocks_range<T>(w, a, n, y, 0, blocks);
+    return;
+  }
+  if (n <= 4) {
+    // Few rows: thread 0 quantizes them while the others wake up; they wait for its flag.
+    std::atomic<int> ready{0};
+    pool->run([&](int ti, int nt) {
+      if (ti == 0) {
+        prepare_rows<T>(x, a, 0, n);
+        ready.store(1, std::memory_order_release);
+      } else {
+        pool->wait_for_flag(ready, 0);
+      }
+      blocks_range<T>(w, a, n, y, blocks * ti / nt, blocks * (ti + 1) / nt);
+    });
+    return;
+  }
+  pool->parallel_for(n, 1, [&](int64_t i0, int64_t i1) { prepare_rows<T>(x, a, i0, i1); });
+  pool->run([&](int ti, int nt) {
+    blocks_range<T>(w, a, n, y, blocks * ti / nt, blocks * (ti + 1) / nt);
+  });
+}
+
+}  // namespace
+
+void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                          ThreadPool* pool) {
+  switch (w.type) {
+    case GgmlType::kQ4_0:
+      return packed_matmul<GgmlType::kQ4_0>(w, x, n, y, pool);
+    case GgmlType::kQ4_1:
+      return packed_matmul<GgmlType::kQ4_1>(w, x, n, y, pool);
+    case GgmlType::kQ8_0:
+      return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
+    default:
+      SPECDEC_CHECK(false, "packed_matmul_avx512: type has no packed layout");
+  }
+}
+
+}  // namespace detail
+}  // namespace specdec

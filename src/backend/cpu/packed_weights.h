@@ -1,0 +1,77 @@
+// Row-interleaved ("packed") weights: a load-time copy of a Q4_0 / Q4_1 / Q8_0 matrix laid out
+// for the AVX-512 kernels, so that one vector load yields the codes of 16 weight rows at once and
+// a single broadcast activation group feeds a dot product against all 16 (lane r = weight row r).
+// A pass over k activation rows then unpacks each weight once, keeps it in registers for all k
+// rows, and needs no horizontal reductions; this is what makes a verification pass over 8 tokens
+// cost little more than a decode step over 1.
+//
+// Layout. Rows are grouped in blocks of 16 (the last one padded with zero rows). With
+// nsub = cols / 32 sub-blocks per row, one block of 16 rows is `packed_block_bytes` bytes:
+//   codes  [nsub][kCodeBytes]  sub-block b, then per 4-element group g a 64-byte vector in which
+//                              bytes 4r .. 4r+3 are the codes of row r, elements 4g .. 4g+3
+//     Q4_0 / Q4_1 (kCodeBytes 256): vector v = 0..3 holds group v in its low nibbles and group
+//       v + 4 in its high nibbles, i.e. simply bytes qs[4v .. 4v+3] of each row's GGML block;
+//     Q8_0 (kCodeBytes 512): vector g = 0..7, codes as unsigned bytes q + 128;
+//   d      [nsub][16] f16      the block scale of each row (GGML's f16, unchanged)
+//   m      [nsub][16] f16      the block min (Q4_1 only)
+//   padding to a multiple of 64 bytes.
+// The values are exactly GGML's: the same codes and f16 scales, so the kernels run the arithmetic
+// of quant_kernels.h unchanged and equal the scalar reference bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+
+namespace specdec {
+
+class ThreadPool;
+
+inline constexpr int64_t kPackRows = 16;  // weight rows per packed block
+
+// Types with a packed layout.
+bool packable(GgmlType type);
+
+// Bytes of one block of 16 rows for a row of `cols` elements (0 if the type is not packable).
+int64_t packed_block_bytes(GgmlType type, int64_t cols);
+
+// Owns the packed copy of one matrix or of several stacked ones (rows concatenated, in order).
+class PackedWeights {
+ public:
+  PackedWeights() = default;
+
+  // Packs `parts` stacked: all of one packable type and one width; every part but the last must
+  // have a multiple of 16 rows (so each part starts a block). Throws specdec::Error otherwise.
+  static PackedWeights pack(std::span<const WeightMatrix> parts, ThreadPool* pool);
+
+  // The stacked matrix: packed only (data == nullptr) when there are several parts, else the
+  // single part with its original data as well.
+  WeightMatrix stacked() const { return stacked_; }
+  // Part k: its original descriptor plus `packed` pointing at its rows inside the stack.
+  WeightMatrix part(size_t k) const;
+  size_t num_parts() const { return parts_.size(); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, FreeDeleter> storage_;  // [blocks, packed_block_bytes], 64-aligned
+  int64_t bytes_ = 0;
+  WeightMatrix stacked_;
+  struct Part {
+    WeightMatrix original;
+    int64_t first_block = 0;
+  };
+  std::vector<Part> parts_;
+};
+
+// Element k of row r of a packed matrix as the (code, dw, mw) of the sub-block view of
+// quant_blocks.h; for tests of the layout.
+void packed_element(const WeightMatrix& w, int64_t r, int64_t k, uint8_t* code, float* dw,
+                    float* mw);
+
+}  // namespace specdec
