@@ -37,6 +37,7 @@ struct BenchOptions {
   int n_gen = 128;
   int threads = 0;
   int repetitions = 3;
+  int prompt_repeats = 1;
   std::string output_format = "text";
   SpecOptions spec;
   std::string prompts_file;
@@ -197,6 +198,7 @@ void run_bench(BenchOptions& o) {
     in.stop_tokens = tok->eog_ids();
     in.ctx_size = ctx;
     in.quiet = quiet;
+    in.repeats = o.prompt_repeats;
     j.update(run_spec_bench(*model, &pool, spec, in));
   }
 
@@ -248,6 +250,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-r,--repetitions", o->repetitions, "Repetitions (best is reported)")
       ->check(CLI::Range(1, 100))->capture_default_str();
   cmd->add_option("--prompts", o->prompts_file, "With --spec: file of prompts, one JSON string a line");
+  cmd->add_option("--repeats", o->prompt_repeats,
+                  "With --spec: runs of each prompt per mode, alternating; per-prompt times are "
+                  "medians")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   cmd->add_option("--prompt", o->prompt, "With --spec and no --prompts: the one prompt")->capture_default_str();
   cmd->add_flag("--chat", o->chat, "Apply the model's chat template to each prompt");
   cmd->add_option("--temp", o->sampling.temperature, "Temperature for --spec runs; 0 = greedy")->capture_default_str();

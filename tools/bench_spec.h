@@ -25,6 +25,7 @@ struct SpecBenchInput {
   std::vector<int32_t> stop_tokens;
   int64_t ctx_size = 4096;
   bool quiet = false;
+  int repeats = 1;  // runs of each prompt per mode (alternating); per-prompt times are medians
 };
 
 // Runs every prompt plain and with the spec setup (alternating, after a warm-up) and returns the

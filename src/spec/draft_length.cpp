@@ -30,7 +30,7 @@ int DraftLengthController::next_length() {
     const double a_k = std::max(accept_, depth_accept_[std::min(k, kMaxTrackedDepth)]);
     reach *= std::clamp(a_k, 0.0, 0.999);
     expected += reach;
-    const double cost = t1_ + k * (per_token_ + draft_per_token_);
+    const double cost = pass_estimate(k + 1) + k * draft_per_token_;
     const double rate = expected / cost;
     if (rate > best_rate) {
       best_rate = rate;
@@ -49,8 +49,26 @@ int DraftLengthController::next_length() {
   return best_k;
 }
 
+double DraftLengthController::pass_estimate(int m) const {
+  auto fresh = [&](int len) {
+    return pass_time_[len] > 0 && step_ - pass_step_[len] <= kPassTimeLifetime;
+  };
+  m = std::clamp(m, 1, kMaxPassTokens);
+  if (m > 1 && fresh(m)) return pass_time_[m];
+  int below = m - 1;
+  while (below > 1 && !fresh(below)) --below;
+  const double base = below <= 1 ? t1_ : pass_time_[below];
+  if (m == 1) return t1_;
+  int above = m + 1;
+  while (above <= kMaxPassTokens && !fresh(above)) ++above;
+  if (above > kMaxPassTokens) return base + (m - below) * per_token_;
+  const double f = static_cast<double>(m - below) / (above - below);
+  return base + f * std::max(0.0, pass_time_[above] - base);
+}
+
 void DraftLengthController::record(int drafted, int accepted, double draft_seconds,
                                    double pass_seconds, int draft_depth) {
+  ++step_;
   const double w = config_.ema;
   auto blend = [w](double old, double now) { return old <= 0 ? now : (1 - w) * old + w * now; };
   if (drafted == 0) {
@@ -81,6 +99,10 @@ void DraftLengthController::record(int drafted, int accepted, double draft_secon
   const double observed = trials > 0 ? static_cast<double>(accepted) / trials : accept_;
   const double wk = 1.0 - std::pow(1.0 - w, std::max(trials, 1));
   accept_ = (1 - wk) * accept_ + wk * observed;
+  const int m = std::min(drafted + 1, kMaxPassTokens);
+  const bool stale = step_ - pass_step_[m] > kPassTimeLifetime;
+  pass_time_[m] = stale ? pass_seconds : blend(pass_time_[m], pass_seconds);
+  pass_step_[m] = step_;
   if (t1_ > 0) {
     per_token_ = have_verify_cost_ ? blend(per_token_, std::max(0.0, (pass_seconds - t1_) / drafted))
                                    : std::max(0.0, (pass_seconds - t1_) / drafted);

@@ -2,10 +2,13 @@
 // has recently earned, so that it never costs more than it saves.
 //
 // Model: the draft at depth i is accepted with probability a_i given its parent was (running
-// averages per depth), so k drafts yield E(k) = 1 + Σ_{i<=k} a_1·…·a_i tokens per target pass. A pass over 1 + k tokens costs
-// t1 + k·c (c: measured extra cost per verified token) plus k·d of drafting (d: measured draft
-// cost per token). The controller picks the k in [0, max] with the best E(k) / cost(k), all
-// three figures being running averages from this sequence. When k = 0 wins, speculation is off
+// averages per depth), so k drafts yield E(k) = 1 + Σ_{i<=k} a_1·…·a_i tokens per target pass.
+// A pass over m = 1 + k tokens costs T(m), measured per m (running averages; the cost is far
+// from linear: on CPU a pass over 2-4 tokens costs little more than over 1, while 8 cost more),
+// interpolated between measured lengths and extrapolated beyond them with the mean extra cost
+// per verified token; plus k·d of drafting (d: measured draft cost per token). The controller
+// picks the k in [0, max] with the best E(k) / cost(k), all figures being running averages
+// from this sequence. When k = 0 wins, speculation is off
 // for `probe_interval` steps and then probed again with a short draft; each probe that does not
 // pay doubles the wait (up to 256 steps).
 #pragma once
@@ -44,6 +47,15 @@ class DraftLengthController {
   static constexpr int kMaxTrackedDepth = 16;        // deeper drafts share the last estimate
   double accept_ = kInitialAcceptance;  // overall per-token acceptance (reporting)
   std::array<double, kMaxTrackedDepth + 1> depth_accept_;  // [depth] a_i; index 0 unused
+  // Estimated seconds of a target pass over m new tokens, m >= 1.
+  double pass_estimate(int m) const;
+  static constexpr int kMaxPassTokens = 64;  // longer passes share the last slot
+  std::array<double, kMaxPassTokens + 1> pass_time_{};  // [m] seconds, 0 = not measured
+  std::array<int64_t, kMaxPassTokens + 1> pass_step_{};  // [m] step of the last measurement
+  // Older measurements are ignored (costs drift with the context, and a length that stopped
+  // being chosen must not be judged forever by what it cost long ago).
+  static constexpr int64_t kPassTimeLifetime = 64;
+  int64_t step_ = 0;
   double t1_ = 0;             // seconds of a 1-token pass (0 = not measured yet)
   double per_token_ = 0;      // extra seconds per verified draft token
   double draft_per_token_ = 0;

@@ -200,3 +200,40 @@ TEST(DraftLength, AdaptivePicksAMiddleLengthForPartialAcceptance) {
 
 }  // namespace
 }  // namespace specdec
+
+namespace specdec {
+namespace {
+
+// Verification cost that is flat up to 4 drafts and steep beyond (the CPU kernels' shape: a pass
+// over up to 5 tokens costs ~1.02x a 1-token pass, over 9 several times more): with low
+// acceptance (20% per draft) short drafts still pay, long ones do not, and speculation stays on
+// (a single cost per extra token, averaged over lengths, would turn it off).
+TEST(DraftLength, AdaptiveFollowsANonLinearVerificationCost) {
+  DraftLengthController c(adaptive_config(8));
+  auto pass = [](int m) { return m <= 5 ? 0.010 + 0.00005 * (m - 1) : 0.010 + 0.003 * (m - 1); };
+  uint32_t state = 12345;
+  auto accepted = [&](int k) {  // each draft accepted with probability 1/5 given its parent
+    int a = 0;
+    while (a < k) {
+      state = state * 1664525u + 1013904223u;
+      if ((state >> 24) % 5 != 0) break;
+      ++a;
+    }
+    return a;
+  };
+  int short_drafts = 0, long_drafts = 0, off = 0;
+  for (int i = 0; i < 400; ++i) {
+    const int k = c.next_length();
+    c.record(k, k == 0 ? 0 : accepted(k), 0.0, pass(k + 1));
+    if (i < 100) continue;
+    if (k == 0) ++off;
+    if (k >= 1 && k <= 4) ++short_drafts;
+    if (k >= 6) ++long_drafts;
+  }
+  EXPECT_GT(short_drafts, 250) << "short drafts are nearly free and should be used";
+  EXPECT_LT(long_drafts, 15);
+  EXPECT_LT(off, 40);
+}
+
+}  // namespace
+}  // namespace specdec

@@ -67,7 +67,7 @@ constexpr int64_t kMaxTile = 8;  // activation rows per pass over a block of wei
 //   dt [tiles, nsub, 8 rows]               activation scale of the sub-block's 32-block
 //   et [tiles, nsub, 8 rows]               min types: float(S32) * d; offset types: the int32
 //                                          correction offset * S32 (bit pattern in a float slot)
-// Rows beyond n are zero.
+// Rows of the last tile beyond n are left unset: a pass over R < 8 rows reads only its R rows.
 struct Acts {
   int64_t cols = 0;
   int64_t nsub = 0;
@@ -102,20 +102,6 @@ void prepare_rows(const float* x, Acts& a, int64_t i0, int64_t i1) {
         const int32_t corr = s32 * P::kOffset;
         std::memcpy(a.et + at, &corr, 4);
       }
-    }
-  }
-}
-
-// Zero rows [n, tiles * 8) of the last tile.
-void clear_padding(Acts& a, int64_t n) {
-  for (int64_t i = n; i < a.tiles * kMaxTile; ++i) {
-    const int64_t t = i / kMaxTile, r = i % kMaxTile;
-    for (int64_t b = 0; b < a.nsub; ++b) {
-      int8_t* qt = a.qt + (t * a.nsub + b) * 256 + 4 * r;
-      for (int64_t g = 0; g < 8; ++g) std::memset(qt + 32 * g, 0, 4);
-      const int64_t at = (t * a.nsub + b) * kMaxTile + r;
-      a.dt[at] = 0.0f;
-      a.et[at] = 0.0f;
     }
   }
 }
@@ -266,7 +252,6 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
   a.qt = reinterpret_cast<int8_t*>(mem += 2 * d_bytes);
   a.dt = reinterpret_cast<float*>(mem += qt_bytes);
   a.et = reinterpret_cast<float*>(mem += t_bytes);
-  clear_padding(a, n);
 
   const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
   if (pool == nullptr || pool->size() == 1) {
