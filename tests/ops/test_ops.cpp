@@ -608,5 +608,68 @@ TEST(Ops, AttentionTokenOutputIndependentOfBatch) {
                              gen);
 }
 
+// Prefill-sized batches: enough blocks that each is one thread's task (merges fused with the
+// Σ p·v), against tokens decoded alone (threads sharing one block, merges from stored chunks);
+// chunk boundaries inside blocks, and a tree whose runs cross chunk boundaries.
+TEST(Ops, AttentionTokenOutputIndependentOfBatchPrefill) {
+  std::mt19937 gen(13);
+  ThreadPool pool2(2), pool3(3);
+  check_attention_invariance(make_shape(0, 200, 9, 3, 64), {}, &pool2, &pool3, gen);
+  check_attention_invariance(make_shape(70, 150, 9, 3, 64), tree_mask(gen, 150), &pool2, &pool3,
+                             gen);
+}
+
+// Scores far apart (|q| up to 150: score spreads of hundreds of nats, so many exp(s - max) and
+// merge weights fall below the smallest normal float) still match the naive result, with no NaN.
+TEST(Ops, AttentionExtremeScoreSpreads) {
+  std::mt19937 gen(14);
+  ThreadPool pool2(2);
+  for (const AttentionShape& s : {make_shape(300, 3, 9, 3, 64), make_shape(0, 140, 4, 2, 16)}) {
+    const int64_t n_kv = s.n_past + s.n_new;
+    const std::vector<float> q = random_vector(gen, s.n_new * s.n_heads * s.head_dim, -150, 150);
+    const std::vector<float> k = random_vector(gen, n_kv * s.n_kv_heads * s.head_dim, -1, 1);
+    const std::vector<float> v = random_vector(gen, n_kv * s.n_kv_heads * s.head_dim, -1, 1);
+    const std::vector<double> want = attention_naive(s, q, k, v, nullptr);
+    for (Isa isa : supported_variants()) {
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+        std::vector<float> out(q.size());
+        attention_isa(isa, s, q.data(), k.data(), v.data(), nullptr, out.data(), pool);
+        for (size_t e = 0; e < out.size(); ++e) {
+          ASSERT_NEAR(out[e], want[e], 1e-4)
+              << isa_name(isa) << " n_past " << s.n_past << " at " << e;
+        }
+      }
+    }
+  }
+}
+
+// The fused Σ p·v + merge kernel gives bitwise what the two separate steps give.
+TEST(Ops, AttentionFusedMergeEqualsSeparate) {
+  std::mt19937 gen(15);
+  for (Isa isa : supported_variants()) {
+    const OpsKernels& kern = ops_kernels_for(isa, true);
+    for (int head_dim : {64, 20, 7, 128}) {
+      for (int n_q : {1, 3, 6, 13}) {
+        for (int64_t n_rows : {1, 17, 64}) {
+          const std::vector<float> p = random_vector(gen, n_q * kAttnChunk, 0, 1);  // [n_q, 64]
+          const std::vector<float> v = random_vector(gen, n_rows * 2 * head_dim, -1, 1);
+          const std::vector<float> wo = random_vector(gen, n_q, 0, 1);
+          const std::vector<float> wn = random_vector(gen, n_q, 0, 1);
+          const std::vector<float> state = random_vector(gen, n_q * head_dim, -3, 3);
+          std::vector<float> a(static_cast<size_t>(n_q * head_dim), 0.0f);  // [n_q, head_dim]
+          kern.attn_accumulate(p.data(), kAttnChunk, n_q, v.data(), 2 * head_dim, n_rows, head_dim,
+                               a.data());
+          std::vector<float> separate = state, fused = state;
+          kern.attn_merge_rows(a.data(), n_q, head_dim, wo.data(), wn.data(), separate.data());
+          kern.attn_accumulate_merge(p.data(), kAttnChunk, n_q, v.data(), 2 * head_dim, n_rows,
+                                     head_dim, wo.data(), wn.data(), fused.data());
+          ASSERT_EQ(first_bitwise_difference(separate.data(), fused.data(), n_q * head_dim), -1)
+              << isa_name(isa) << " head_dim " << head_dim << " n_q " << n_q << " rows " << n_rows;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specdec

@@ -12,8 +12,7 @@ namespace specdec {
 class ThreadPool;
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight[:]    x, y: [n_rows, dim]; may alias.
-void rmsnorm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
-             float* y);
+void rmsnorm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim, float* y);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).  n elements; out may alias.
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
@@ -40,14 +39,13 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int
 //        token j; nullptr means causal (j <= i). Every query sees all n_past cached slots.
 //   out: [n_new, n_heads, head_dim]
 // GQA: query head h reads KV head h / (n_heads / n_kv_heads). scale usually 1/sqrt(head_dim).
-// n_new == 0 is a no-op; a query that sees no slot at all gets zeros. The queries are processed
-// in blocks (all n_new when they are few): the slots every query of a block sees are read once
-// for the whole block, all KV heads of a slot together; the pool's threads share a block (split
-// by slot ranges) or take one block each. Scratch grows to the largest call seen and is reused.
+// n_new == 0 is a no-op; a query that sees no slot at all gets zeros. The numerics are those of
+// a flash-attention pass over fixed chunks of kAttnChunk visible slots, each with its own max,
+// merged in order (attention_driver.cpp). Scratch grows to the largest call seen and is reused.
 // Bit-exact invariance: a query head's output depends only on its q and the contents of its
 // visible slots in slot order - not on n_new, the mask of other queries, the thread count or how
 // the work is split - so a token verified in a batch or tree gets exactly the output it gets when
-// decoded alone (n_new = 1 after its visible slots). See ops.cpp for how.
+// decoded alone (n_new = 1 after its visible slots).
 struct AttentionShape {
   int64_t n_past = 0;
   int64_t n_new = 0;
@@ -67,37 +65,85 @@ void rmsnorm_isa(Isa isa, const float* x, const float* weight, float eps, int64_
                  int64_t dim, float* y);
 void swiglu_isa(Isa isa, const float* gate, const float* up, int64_t n, float* out);
 void softmax_isa(Isa isa, float* x, int64_t n);
-void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k,
-                   const float* v, const uint8_t* mask, float* out, ThreadPool* pool);
+void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k, const float* v,
+                   const uint8_t* mask, float* out, ThreadPool* pool);
+
+// Visible-list positions per attention chunk: the softmax of a query is computed chunk by chunk
+// (each chunk with its own max) and the chunks are merged in order. Part of the numerics.
+constexpr int kAttnChunk = 64;
+
+// Floats of the packed form of n_q query rows for OpsKernels::attn_scores (every variant's
+// packing fits in it).
+inline int64_t attn_packed_floats(int n_q, int head_dim) {
+  return static_cast<int64_t>((n_q + 3) / 4 * 4) * ((head_dim + 3) / 4 * 4);
+}
 
 // Per-variant kernels behind the entry points above: ops.cpp dispatches on the Isa to one of
-// these tables (ops_ref.cpp, ops_avx2.cpp, ops_avx512.cpp) and owns the attention driver
-// (threading, masks, scratch); the tables hold only the inner loops. Not for other callers.
+// these tables (ops_ref.cpp, ops_avx2.cpp, ops_avx512.cpp), attention_driver.cpp owns the
+// attention driver (threading, masks, scratch); the tables hold only the inner loops. Not for
+// other callers.
+//
+// Attention, for the rows (query vectors) of one KV head and one chunk of kAttnChunk visible
+// positions, in log2 units (q is packed times scale·log2(e), so exp becomes exp2): attn_scores
+// fills a [n_q, kAttnChunk] tile, attn_chunk_softmax turns each row into 2^(score - row max)
+// (zero past the row's visible count) with its max m and sum l, attn_accumulate forms
+// a = Σ p·v, and the merge folds (m, l, a) into the running (M, L, A). The SIMD variants'
+// 2^x floors at 2^-125 (a result below the normal range would cost a microcode assist): weights
+// that small only ever scale a zero state or terms far below a float's resolution of the sum.
+// For the batch invariance every per-row result must depend only on that row's inputs, never on
+// n_q, the row's index or how many K/V rows a call covers.
 struct OpsKernels {
   void (*rmsnorm)(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
                   float* y);
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* out);
   // max_i x[i]. n >= 1.
   float (*row_max)(const float* x, int64_t n);
-  // x[i] = exp(x[i] - max) in place; returns Σ x[i]. n >= 1. The blocking of the sum is
-  // relative to x (the driver calls it on fixed chunks of a query's visible list).
+  // x[i] = exp(x[i] - max) in place; returns Σ x[i]. n >= 1.
   float (*exp_shifted_sum)(float* x, int64_t n, float max);
   // x[i] *= a.
   void (*scale)(float* x, int64_t n, float a);
-  // s[r * ld_s + j] = scale * <q[r], k[j * k_stride ..]>   q: [n_q, head_dim], j < n_rows.
+  // packed = the variant's form of q·mult, q: [n_q, head_dim];
+  // packed: [attn_packed_floats(n_q, head_dim)].
+  void (*attn_pack_q)(const float* q, int n_q, int head_dim, float mult, float* packed);
+  // s[r * ld_s + j] = <q[r], k[j * k_stride ..]>   packed q of n_q rows, j < n_rows.
   // Each score must come out bitwise the same whatever n_q, n_rows, r and j are (one fixed
-  // instruction sequence per dot product): the driver scores a slot in different calls.
-  void (*attn_scores)(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                      int head_dim, float scale, float* s, int64_t ld_s);
+  // instruction sequence per dot product).
+  void (*attn_scores)(const float* packed_q, int n_q, const float* k, int64_t k_stride,
+                      int64_t n_rows, int head_dim, float* s, int64_t ld_s);
+  // Row r of s (kAttnChunk columns): n = n_valid[r] (0..kAttnChunk) scores are valid.
+  // m[r] = max of them, s[r, j] = 2^(s[r, j] - m[r]) for j < n and 0 for n <= j < kAttnChunk,
+  // l[r] = Σ_j s[r, j] summed in a fixed order over the kAttnChunk columns (so the zeros past n
+  // change nothing). n = 0: m[r] = -inf, l[r] = 0, the row all zeros.
+  void (*attn_chunk_softmax)(float* s, int64_t ld_s, int n_q, const int32_t* n_valid, float* m,
+                             float* l);
   // out[r] += Σ_j p[r * ld_p + j] * v[j * v_stride ..]   out: [n_q, head_dim], j < n_rows.
   // Each output element must be updated once per j, in order j = 0, 1, .., from its current
   // value, p and v alone (no state carried within a call), so splitting the rows over calls
-  // changes nothing.
-  void (*attn_accumulate)(const float* p, int64_t ld_p, int n_q, const float* v,
-                          int64_t v_stride, int64_t n_rows, int head_dim, float* out);
+  // changes nothing, and a step with p = 0 leaves it unchanged.
+  void (*attn_accumulate)(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+                          int64_t n_rows, int head_dim, float* out);
+  // The merge of a chunk into the running state (M, L, A), which starts at (-inf, 0, 0), in two
+  // steps. attn_merge_weights, for each row r with m[r] > -inf: M' = max(M[r], m[r]),
+  // wo[r] = 2^(M[r] - M'), wn[r] = 2^(m[r] - M'), L[r] = L[r]·wo[r] + l[r]·wn[r], M[r] = M';
+  // for a row with m[r] = -inf (nothing visible in the chunk): wo[r] = 1, wn[r] = 0, M and L
+  // unchanged. Then each A element becomes A·wo + (a·wn) by one fixed sequence, either from a
+  // stored a (attn_merge_rows) or fused with the accumulation of a from zero
+  // (attn_accumulate_merge) - bitwise the same.
+  void (*attn_merge_weights)(const float* m, const float* l, int n_q, float* big_m, float* big_l,
+                             float* wo, float* wn);
+  // big_a[r] = big_a[r]·wo[r] + a[r]·wn[r]   a, big_a: [n_q, head_dim].
+  void (*attn_merge_rows)(const float* a, int n_q, int head_dim, const float* wo, const float* wn,
+                          float* big_a);
+  // a = Σ_j p[r * ld_p + j] * v[j * v_stride ..] from zero, as attn_accumulate, then
+  // big_a[r] = big_a[r]·wo[r] + a[r]·wn[r] as attn_merge_rows.   big_a: [n_q, head_dim].
+  void (*attn_accumulate_merge)(const float* p, int64_t ld_p, int n_q, const float* v,
+                                int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                                const float* wn, float* big_a);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)
 const OpsKernels& ops_kernels_avx512();  // only call where isa_supported(Isa::kAvx512)
+// The table of a variant; checked: fails (SPECDEC_CHECK) where the variant is not supported.
+const OpsKernels& ops_kernels_for(Isa isa, bool checked);
 
 }  // namespace specdec

@@ -69,6 +69,27 @@ inline __m256 exp_ps(__m256 x) {
   return _mm256_blendv_ps(result, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, kMax, _CMP_GT_OQ));
 }
 
+// 2^x for the attention softmax and merge, where x <= 0 (or -inf): x clamps to -125 (so the
+// result stays a normal number: an underflow would cost a microcode assist; 2^-125 stands in for
+// anything smaller), x = n + f with n = round(x), f in [-1/2, 1/2] exact, a degree-6 polynomial
+// for 2^f (relative error below 1e-7), and 2^n built in the exponent field.
+inline __m256 exp2_nonpositive(__m256 x) {
+  const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(-125.0f));
+  const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(xc, n);
+  __m256 y = _mm256_set1_ps(1.5370704932e-4f);
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.3399848249e-3f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(9.6183735877e-3f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.5503290147e-2f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(2.4022647738e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(6.9314718246e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256 pow2n =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+  return _mm256_mul_ps(y, pow2n);
+}
+
 void rmsnorm_avx2(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
                   float* y) {
   const int64_t dim_vec = dim / kLanes * kLanes;
@@ -172,11 +193,11 @@ void scale_avx2(float* x, int64_t n, float a) {
 // Scores of R (1..4) query rows against one K row at a time (the rows left over by
 // scores_rows4). The accumulators are named variables rather than an array, which GCC may keep
 // in memory. A score's arithmetic is the same here and in scores_rows4 (8-lane FMA chain, the
-// hsum4 tree, explicit fma for the tail dims, one multiply by scale), so it does not depend on
-// the block a K row falls in or on the other query rows of the call (see ops.cpp).
+// hsum4 tree, explicit fma for the tail dims; q comes pre-scaled), so it does not depend on the
+// block a K row falls in or on the other query rows of the call (see attention_driver.cpp).
 template <int R>
 void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float scale, float* s, int64_t ld_s) {
+                  float* s, int64_t ld_s) {
   const int d_vec = head_dim / kLanes * kLanes;
   const float* q0 = q;  // [head_dim] each
   const float* q1 = q + (R > 1 ? head_dim : 0);
@@ -197,7 +218,7 @@ void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_ro
     for (int d = d_vec; d < head_dim; ++d) {
       for (int r = 0; r < R; ++r) dots[r] = std::fma(q[r * head_dim + d], kj[d], dots[r]);
     }
-    for (int r = 0; r < R; ++r) s[r * ld_s + j] = scale * dots[r];
+    for (int r = 0; r < R; ++r) s[r * ld_s + j] = dots[r];
   }
 }
 
@@ -206,7 +227,7 @@ void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_ro
 // one hsum4 gives a query's 4 scores.
 template <int R>
 void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_blocks, int head_dim,
-                  float scale, float* s, int64_t ld_s) {
+                  float* s, int64_t ld_s) {
   static_assert(R == 1 || R == 2);
   const int d_vec = head_dim / kLanes * kLanes;
   const float* q0 = q;  // [head_dim] each
@@ -249,38 +270,130 @@ void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_bl
       }
     }
     for (int r = 0; r < R; ++r) {
-      for (int row = 0; row < 4; ++row) s[r * ld_s + 4 * b + row] = scale * dots[r][row];
+      for (int row = 0; row < 4; ++row) s[r * ld_s + 4 * b + row] = dots[r][row];
     }
   }
 }
 
 template <int R>
 void scores_block(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float scale, float* s, int64_t ld_s) {
+                  float* s, int64_t ld_s) {
   const int64_t n_blocks = n_rows / 4;
-  scores_rows4<R>(q, k, k_stride, n_blocks, head_dim, scale, s, ld_s);
+  scores_rows4<R>(q, k, k_stride, n_blocks, head_dim, s, ld_s);
   const int64_t j = 4 * n_blocks;
   if (j < n_rows) {
-    scores_rows1<R>(q, k + j * k_stride, k_stride, n_rows - j, head_dim, scale, s + j, ld_s);
+    scores_rows1<R>(q, k + j * k_stride, k_stride, n_rows - j, head_dim, s + j, ld_s);
   }
 }
 
 void attn_scores_avx2(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                      int head_dim, float scale, float* s, int64_t ld_s) {
+                      int head_dim, float* s, int64_t ld_s) {
   int r = 0;
   for (; r + 2 <= n_q; r += 2) {
-    scores_block<2>(q + r * head_dim, k, k_stride, n_rows, head_dim, scale, s + r * ld_s, ld_s);
+    scores_block<2>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s);
   }
   if (r < n_q) {
-    scores_block<1>(q + r * head_dim, k, k_stride, n_rows, head_dim, scale, s + r * ld_s, ld_s);
+    scores_block<1>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s);
+  }
+}
+
+// The packed form is q·mult, row-major.
+void attn_pack_q_avx2(const float* q, int n_q, int head_dim, float mult, float* packed) {
+  const int64_t n = static_cast<int64_t>(n_q) * head_dim;
+  for (int64_t i = 0; i < n; ++i) packed[i] = q[i] * mult;
+}
+
+// A row of kAttnChunk = 64 columns is eight 8-lane vectors; l = hsum of the pairwise tree
+// ((e0 + e1) + (e2 + e3)) + ((e4 + e5) + (e6 + e7)).
+static_assert(kAttnChunk == 8 * kLanes, "the chunk softmax assumes 64-column chunks");
+
+void attn_chunk_softmax_avx2(float* s, int64_t ld_s, int n_q, const int32_t* n_valid, float* m,
+                             float* l) {
+  const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+  for (int r = 0; r < n_q; ++r) {
+    float* row = s + r * ld_s;  // [64]
+    const int n = n_valid[r];
+    if (n == 0) {
+      for (int c = 0; c < 8; ++c) _mm256_storeu_ps(row + c * kLanes, _mm256_setzero_ps());
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+      continue;
+    }
+    __m256 valid[8];
+    __m256 x[8];
+    for (int c = 0; c < 8; ++c) {
+      const int rem = n - c * kLanes;
+      valid[c] = _mm256_castsi256_ps(tail_mask(rem >= kLanes ? kLanes : rem <= 0 ? 0 : rem));
+      x[c] = _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(row + c * kLanes), valid[c]);
+    }
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])),
+                              _mm256_max_ps(_mm256_max_ps(x[4], x[5]), _mm256_max_ps(x[6], x[7])));
+    const float max = hmax(mx);
+    const __m256 max8 = _mm256_set1_ps(max);
+    __m256 e[8];
+    for (int c = 0; c < 8; ++c) {
+      e[c] = _mm256_and_ps(valid[c], exp2_nonpositive(_mm256_sub_ps(x[c], max8)));
+      _mm256_storeu_ps(row + c * kLanes, e[c]);
+    }
+    m[r] = max;
+    l[r] = hsum(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(e[0], e[1]), _mm256_add_ps(e[2], e[3])),
+                              _mm256_add_ps(_mm256_add_ps(e[4], e[5]), _mm256_add_ps(e[6], e[7]))));
+  }
+}
+
+// 8 rows' weights per exp2_nonpositive.
+void attn_merge_weights_avx2(const float* m, const float* l, int n_q, float* big_m, float* big_l,
+                             float* wo, float* wn) {
+  for (int r0 = 0; r0 < n_q; r0 += kLanes) {
+    const int n = n_q - r0 < kLanes ? n_q - r0 : kLanes;
+    alignas(32) float mv[kLanes], old_max[kLanes], w_old[kLanes], w_new[kLanes];
+    for (int u = 0; u < kLanes; ++u) {
+      mv[u] = u < n ? m[r0 + u] : 0.0f;
+      old_max[u] = u < n && m[r0 + u] != -INFINITY ? big_m[r0 + u] : 0.0f;
+    }
+    const __m256 new_max = _mm256_max_ps(_mm256_load_ps(old_max), _mm256_load_ps(mv));
+    _mm256_store_ps(w_old, exp2_nonpositive(_mm256_sub_ps(_mm256_load_ps(old_max), new_max)));
+    _mm256_store_ps(w_new, exp2_nonpositive(_mm256_sub_ps(_mm256_load_ps(mv), new_max)));
+    for (int u = 0; u < n; ++u) {
+      const int r = r0 + u;
+      if (m[r] == -INFINITY) {
+        wo[r] = 1.0f;
+        wn[r] = 0.0f;
+        continue;
+      }
+      wo[r] = w_old[u];
+      wn[r] = w_new[u];
+      big_l[r] = std::fma(big_l[r], w_old[u], l[r] * w_new[u]);
+      big_m[r] = big_m[r] > m[r] ? big_m[r] : m[r];
+    }
+  }
+}
+
+// big_a = fma(big_a, wo, a·wn) per element, as the end of accumulate_pass<R, kMasked, true>.
+void attn_merge_rows_avx2(const float* a, int n_q, int head_dim, const float* wo, const float* wn,
+                          float* big_a) {
+  const int d_vec = head_dim / kLanes * kLanes;
+  for (int r = 0; r < n_q; ++r) {
+    const float* a_r = a + static_cast<int64_t>(r) * head_dim;    // [head_dim]
+    float* big_a_r = big_a + static_cast<int64_t>(r) * head_dim;  // [head_dim]
+    const __m256 wo8 = _mm256_set1_ps(wo[r]);
+    const __m256 wn8 = _mm256_set1_ps(wn[r]);
+    for (int d = 0; d < d_vec; d += kLanes) {
+      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(a_r + d), wn8);
+      _mm256_storeu_ps(big_a_r + d, _mm256_fmadd_ps(_mm256_loadu_ps(big_a_r + d), wo8, x));
+    }
+    for (int d = d_vec; d < head_dim; ++d) big_a_r[d] = std::fma(big_a_r[d], wo[r], a_r[d] * wn[r]);
   }
 }
 
 // out[r, 0:16] += Σ_j p[r, j] · v[j, 0:16] for R (1..4) rows: two 8-lane chunks per row, all
 // accumulators in named registers. kMasked: the two chunks cover only the lanes of m0 and m1.
-template <int R, bool kMasked>
+// kMerge: the sums start from zero and end as out = fma(out, wo[r], sum·wn[r])
+// (attn_merge_rows' arithmetic).
+template <int R, bool kMasked, bool kMerge>
 void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, __m256i m0, __m256i m1, float* out) {
+                     int head_dim, __m256i m0, __m256i m1, const float* wo, const float* wn,
+                     float* out) {
   auto load = [](const float* x, __m256i m) {
     if constexpr (kMasked) return _mm256_maskload_ps(x, m);
     return _mm256_loadu_ps(x);
@@ -292,6 +405,18 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
       _mm256_storeu_ps(x, a);
     }
   };
+  auto start = [&](const float* x, __m256i m) {
+    if constexpr (kMerge) return _mm256_setzero_ps();
+    return load(x, m);
+  };
+  auto finish = [&](float* x, __m256i m, __m256 a, int r) {
+    if constexpr (kMerge) {
+      const __m256 scaled = _mm256_mul_ps(a, _mm256_set1_ps(wn[r]));
+      store(x, m, _mm256_fmadd_ps(load(x, m), _mm256_set1_ps(wo[r]), scaled));
+    } else {
+      store(x, m, a);
+    }
+  };
   const float* p0 = p;  // [n_rows] each
   const float* p1 = p + (R > 1 ? ld_p : 0);
   const float* p2 = p + (R > 2 ? 2 * ld_p : 0);
@@ -300,11 +425,11 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
   float* o1 = out + (R > 1 ? head_dim : 0);
   float* o2 = out + (R > 2 ? 2 * head_dim : 0);
   float* o3 = out + (R > 3 ? 3 * head_dim : 0);
-  __m256 a00 = load(o0, m0), a01 = load(o0 + kLanes, m1);
+  __m256 a00 = start(o0, m0), a01 = start(o0 + kLanes, m1);
   __m256 a10 = _mm256_setzero_ps(), a11 = a10, a20 = a10, a21 = a10, a30 = a10, a31 = a10;
-  if constexpr (R > 1) a10 = load(o1, m0), a11 = load(o1 + kLanes, m1);
-  if constexpr (R > 2) a20 = load(o2, m0), a21 = load(o2 + kLanes, m1);
-  if constexpr (R > 3) a30 = load(o3, m0), a31 = load(o3 + kLanes, m1);
+  if constexpr (R > 1) a10 = start(o1, m0), a11 = start(o1 + kLanes, m1);
+  if constexpr (R > 2) a20 = start(o2, m0), a21 = start(o2 + kLanes, m1);
+  if constexpr (R > 3) a30 = start(o3, m0), a31 = start(o3 + kLanes, m1);
   for (int64_t j = 0; j < n_rows; ++j) {
     const float* vj = v + j * v_stride;
     const __m256 v0 = load(vj, m0);
@@ -328,57 +453,77 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
       a31 = _mm256_fmadd_ps(pr, v1, a31);
     }
   }
-  store(o0, m0, a00), store(o0 + kLanes, m1, a01);
-  if constexpr (R > 1) store(o1, m0, a10), store(o1 + kLanes, m1, a11);
-  if constexpr (R > 2) store(o2, m0, a20), store(o2 + kLanes, m1, a21);
-  if constexpr (R > 3) store(o3, m0, a30), store(o3 + kLanes, m1, a31);
+  finish(o0, m0, a00, 0), finish(o0 + kLanes, m1, a01, 0);
+  if constexpr (R > 1) finish(o1, m0, a10, 1), finish(o1 + kLanes, m1, a11, 1);
+  if constexpr (R > 2) finish(o2, m0, a20, 2), finish(o2 + kLanes, m1, a21, 2);
+  if constexpr (R > 3) finish(o3, m0, a30, 3), finish(o3 + kLanes, m1, a31, 3);
 }
 
-template <int R>
+template <int R, bool kMerge>
 void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, float* out) {
+                     int head_dim, const float* wo, const float* wn, float* out) {
   const __m256i all = tail_mask(kLanes);
   int d = 0;
   for (; d + 2 * kLanes <= head_dim; d += 2 * kLanes) {
-    accumulate_pass<R, false>(p, ld_p, v + d, v_stride, n_rows, head_dim, all, all, out + d);
+    accumulate_pass<R, false, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, all, all, wo, wn,
+                                      out + d);
   }
   if (d < head_dim) {
     const int rem = head_dim - d;  // 1..15
     const __m256i m0 = tail_mask(rem < kLanes ? rem : kLanes);
     const __m256i m1 = tail_mask(rem > kLanes ? rem - kLanes : 0);
-    accumulate_pass<R, true>(p, ld_p, v + d, v_stride, n_rows, head_dim, m0, m1, out + d);
+    accumulate_pass<R, true, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, m0, m1, wo, wn,
+                                     out + d);
   }
 }
 
-void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                          int64_t n_rows, int head_dim, float* out) {
+template <bool kMerge>
+void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+                    int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out) {
   int r = 0;
+  auto w = [&r](const float* x) { return kMerge ? x + r : x; };  // row r's weights
   for (; r + 4 <= n_q; r += 4) {
-    accumulate_rows<4>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, out + r * head_dim);
+    accumulate_rows<4, kMerge>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
+                               out + r * head_dim);
   }
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
     case 3:
-      accumulate_rows<3>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     case 2:
-      accumulate_rows<2>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     case 1:
-      accumulate_rows<1>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     default:
       break;
   }
 }
 
+void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+                          int64_t n_rows, int head_dim, float* out) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out);
+}
+
+void attn_accumulate_merge_avx2(const float* p, int64_t ld_p, int n_q, const float* v,
+                                int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                                const float* wn, float* big_a) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a);
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_avx2() {
   static const OpsKernels kernels = {
-      rmsnorm_avx2, swiglu_avx2,      row_max_avx2,         exp_shifted_sum_avx2,
-      scale_avx2,   attn_scores_avx2, attn_accumulate_avx2,
+      rmsnorm_avx2,         swiglu_avx2,
+      row_max_avx2,         exp_shifted_sum_avx2,
+      scale_avx2,           attn_pack_q_avx2,
+      attn_scores_avx2,     attn_chunk_softmax_avx2,
+      attn_accumulate_avx2, attn_merge_weights_avx2,
+      attn_merge_rows_avx2, attn_accumulate_merge_avx2,
   };
   return kernels;
 }

@@ -41,6 +41,24 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// 2^x for the attention softmax and merge, where x <= 0: x clamps to -125 (so the result stays a
+// normal number: an underflow would cost a microcode assist; 2^-125 stands in for anything
+// smaller, -inf and NaN included), x = n + f with n = round(x), f in [-1/2, 1/2] exact, a
+// degree-6 polynomial for 2^f (relative error below 1e-7), 2^n applied with vscalefps.
+inline __m512 exp2_nonpositive(__m512 x_in) {
+  const __m512 x = _mm512_max_ps(x_in, _mm512_set1_ps(-125.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 y = _mm512_set1_ps(1.5370704932e-4f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3399848249e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6183735877e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5503290147e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022647738e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718246e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
 void rmsnorm_avx512(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
                     float* y) {
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -147,14 +165,20 @@ void scale_avx512(float* x, int64_t n, float a) {
 // --- attention scores ---------------------------------------------------------------------
 // Lanes hold 4 query rows x 4 interleaved dims: lane (r, p) of the accumulator for K row j sums
 // q[r][4m + p] * k[j][4m + p] over m = 0, 1, .. (one FMA chain per lane, K quads broadcast to the
-// four rows), then reduce4 adds the 4 phases as (p0 + p1) + (p2 + p3) and the score is scaled.
+// four rows), then reduce4 adds the 4 phases as (p0 + p1) + (p2 + p3) (q is packed pre-scaled).
 // That sequence is the same for every row and K row whatever n_q, n_rows or the position in the
 // call (missing rows are zero lanes, missing K rows zero accumulators, which no score reads), as
 // the attention driver requires; and no horizontal sum runs per dot product.
 
-// q rows [n_q, head_dim] packed by groups of 4 rows: packed[(g * steps + m) * 16 + r * 4 + p] =
-// q[4g + r][4m + p], zero past n_q and head_dim; steps = ceil(head_dim / 4).
-void pack_query_groups(const float* q, int n_q, int head_dim, float* packed) {
+inline __m512 mul16(__m512 mult, const float* x) {
+  return _mm512_mul_ps(mult, _mm512_loadu_ps(x));
+}
+
+// q rows [n_q, head_dim] times mult, packed by groups of 4 rows:
+// packed[(g * steps + m) * 16 + r * 4 + p] = q[4g + r][4m + p] * mult, zero past n_q and
+// head_dim; steps = ceil(head_dim / 4).
+void pack_query_groups(const float* q, int n_q, int head_dim, float mult, float* packed) {
+  const __m512 mult16 = _mm512_set1_ps(mult);
   const int steps = (head_dim + 3) / 4;
   for (int g = 0; 4 * g < n_q; ++g) {
     const int rows = n_q - 4 * g < 4 ? n_q - 4 * g : 4;
@@ -163,10 +187,10 @@ void pack_query_groups(const float* q, int n_q, int head_dim, float* packed) {
     int m = 0;
     if (rows == 4) {
       for (; 4 * m + 16 <= head_dim; m += 4) {  // a 4x4 transpose of 128-bit quads
-        const __m512 r0 = _mm512_loadu_ps(q0 + 4 * m);
-        const __m512 r1 = _mm512_loadu_ps(q0 + head_dim + 4 * m);
-        const __m512 r2 = _mm512_loadu_ps(q0 + 2 * head_dim + 4 * m);
-        const __m512 r3 = _mm512_loadu_ps(q0 + 3 * head_dim + 4 * m);
+        const __m512 r0 = mul16(mult16, q0 + 4 * m);
+        const __m512 r1 = mul16(mult16, q0 + head_dim + 4 * m);
+        const __m512 r2 = mul16(mult16, q0 + 2 * head_dim + 4 * m);
+        const __m512 r3 = mul16(mult16, q0 + 3 * head_dim + 4 * m);
         const __m512 t0 = _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(1, 0, 1, 0));
         const __m512 t1 = _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(3, 2, 3, 2));
         const __m512 t2 = _mm512_shuffle_f32x4(r2, r3, _MM_SHUFFLE(1, 0, 1, 0));
@@ -181,8 +205,9 @@ void pack_query_groups(const float* q, int n_q, int head_dim, float* packed) {
       const int n = head_dim - 4 * m < 4 ? head_dim - 4 * m : 4;
       const __mmask8 dims = static_cast<__mmask8>((1u << n) - 1u);
       for (int r = 0; r < 4; ++r) {
+        const float* qr = q0 + static_cast<int64_t>(r) * head_dim + 4 * m;
         const __m128 x =
-            r < rows ? _mm_maskz_loadu_ps(dims, q0 + static_cast<int64_t>(r) * head_dim + 4 * m)
+            r < rows ? _mm_mul_ps(_mm512_castps512_ps128(mult16), _mm_maskz_loadu_ps(dims, qr))
                      : _mm_setzero_ps();
         _mm_storeu_ps(pg + m * 16 + r * 4, x);
       }
@@ -200,52 +225,61 @@ inline __m512 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
                        _mm512_shuffle_ps(b01, b23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Scores of G (1..2) packed row groups against S (1..8) consecutive K rows: G·S accumulators,
-// each K quad loaded once for both groups. rows[g]: valid rows of group g (1..4).
+// Scores of G (1..3) packed row groups against S (1..8) consecutive K rows: G·S accumulators,
+// each K quad loaded once for all groups. rows[g]: valid rows of group g (1..4).
 template <int G, int S>
 void scores_block(const float* packed, int steps, const float* k, int64_t k_stride, int head_dim,
-                  float scale, const int rows[2], float* s, int64_t ld_s) {
+                  const int rows[3], float* s, int64_t ld_s) {
   __m512 acc[G][S];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
   for (int g = 0; g < G; ++g) {
 #pragma GCC unroll 8
     for (int j = 0; j < S; ++j) acc[g][j] = _mm512_setzero_ps();
   }
-  const float* p1 = packed + (G > 1 ? steps * 16 : 0);  // the second group's [steps, 16]
   const int full = head_dim / 4;
   for (int m = 0; m < full; ++m) {
-    const __m512 q0 = _mm512_loadu_ps(packed + m * 16);
-    const __m512 q1 = G > 1 ? _mm512_loadu_ps(p1 + m * 16) : q0;
+    __m512 qg[G];
+#pragma GCC unroll 3
+    for (int g = 0; g < G; ++g) qg[g] = _mm512_loadu_ps(packed + (g * steps + m) * 16);
 #pragma GCC unroll 8
     for (int j = 0; j < S; ++j) {
       const __m512 kq = _mm512_broadcast_f32x4(_mm_loadu_ps(k + j * k_stride + 4 * m));
-      acc[0][j] = _mm512_fmadd_ps(q0, kq, acc[0][j]);
-      if constexpr (G > 1) acc[1][j] = _mm512_fmadd_ps(q1, kq, acc[1][j]);
+#pragma GCC unroll 3
+      for (int g = 0; g < G; ++g) acc[g][j] = _mm512_fmadd_ps(qg[g], kq, acc[g][j]);
     }
   }
   if (full < steps) {  // head_dim % 4 dims left: masked K loads (q is zero-padded)
     const __mmask8 dims = static_cast<__mmask8>((1u << (head_dim - 4 * full)) - 1u);
-    const __m512 q0 = _mm512_loadu_ps(packed + full * 16);
-    const __m512 q1 = G > 1 ? _mm512_loadu_ps(p1 + full * 16) : q0;
+    __m512 qg[G];
+#pragma GCC unroll 3
+    for (int g = 0; g < G; ++g) qg[g] = _mm512_loadu_ps(packed + (g * steps + full) * 16);
 #pragma GCC unroll 8
     for (int j = 0; j < S; ++j) {
       const __m512 kq =
           _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(dims, k + j * k_stride + 4 * full));
-      acc[0][j] = _mm512_fmadd_ps(q0, kq, acc[0][j]);
-      if constexpr (G > 1) acc[1][j] = _mm512_fmadd_ps(q1, kq, acc[1][j]);
+#pragma GCC unroll 3
+      for (int g = 0; g < G; ++g) acc[g][j] = _mm512_fmadd_ps(qg[g], kq, acc[g][j]);
     }
   }
-  const __m512 scale16 = _mm512_set1_ps(scale);
   const __m512 zero = _mm512_setzero_ps();
-#pragma GCC unroll 2
+#pragma GCC unroll 3
   for (int g = 0; g < G; ++g) {
 #pragma GCC unroll 2
     for (int j0 = 0; j0 < S; j0 += 4) {
-      const __m512 c = _mm512_mul_ps(
-          scale16, reduce4(acc[g][j0], j0 + 1 < S ? acc[g][j0 + 1] : zero,
-                           j0 + 2 < S ? acc[g][j0 + 2] : zero, j0 + 3 < S ? acc[g][j0 + 3] : zero));
-      const __mmask8 slots = static_cast<__mmask8>((1u << (S - j0 < 4 ? S - j0 : 4)) - 1u);
+      const __m512 c =
+          reduce4(acc[g][j0], j0 + 1 < S ? acc[g][j0 + 1] : zero,
+                  j0 + 2 < S ? acc[g][j0 + 2] : zero, j0 + 3 < S ? acc[g][j0 + 3] : zero);
       float* sg = s + 4 * g * ld_s + j0;  // [rows, ld_s]
+      if constexpr (S - 4 >= 0) {
+        if (S - j0 >= 4) {  // full quads: plain 128-bit stores
+          _mm_storeu_ps(sg, _mm512_castps512_ps128(c));
+          if (rows[g] > 1) _mm_storeu_ps(sg + ld_s, _mm512_extractf32x4_ps(c, 1));
+          if (rows[g] > 2) _mm_storeu_ps(sg + 2 * ld_s, _mm512_extractf32x4_ps(c, 2));
+          if (rows[g] > 3) _mm_storeu_ps(sg + 3 * ld_s, _mm512_extractf32x4_ps(c, 3));
+          continue;
+        }
+      }
+      const __mmask8 slots = static_cast<__mmask8>((1u << (S - j0 < 4 ? S - j0 : 4)) - 1u);
       _mm_mask_storeu_ps(sg, slots, _mm512_castps512_ps128(c));
       if (rows[g] > 1) _mm_mask_storeu_ps(sg + ld_s, slots, _mm512_extractf32x4_ps(c, 1));
       if (rows[g] > 2) _mm_mask_storeu_ps(sg + 2 * ld_s, slots, _mm512_extractf32x4_ps(c, 2));
@@ -256,66 +290,159 @@ void scores_block(const float* packed, int steps, const float* k, int64_t k_stri
 
 template <int G>
 void scores_groups(const float* packed, int steps, const float* k, int64_t k_stride, int64_t n_rows,
-                   int head_dim, float scale, const int rows[2], float* s, int64_t ld_s) {
+                   int head_dim, const int rows[3], float* s, int64_t ld_s) {
   int64_t j = 0;
   for (; j + 8 <= n_rows; j += 8) {
-    scores_block<G, 8>(packed, steps, k + j * k_stride, k_stride, head_dim, scale, rows, s + j,
-                       ld_s);
+    scores_block<G, 8>(packed, steps, k + j * k_stride, k_stride, head_dim, rows, s + j, ld_s);
   }
   const float* kj = k + j * k_stride;
   float* sj = s + j;
   switch (n_rows - j) {
     case 7:
-      scores_block<G, 7>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      scores_block<G, 7>(packed, steps, kj, k_stride, head_dim, rows, sj, ld_s);
       break;
     case 6:
-      scores_block<G, 6>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      scores_block<G, 6>(packed, steps, kj, k_stride, head_dim, rows, sj, ld_s);
       break;
     case 5:
-      scores_block<G, 5>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      scores_block<G, 5>(packed, steps, kj, k_stride, head_dim, rows, sj, ld_s);
       break;
     case 4:
-      scores_block<G, 4>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      scores_block<G, 4>(packed, steps, kj, k_stride, head_dim, rows, sj, ld_s);
       break;
     case 3:
-      scores_block<G, 3>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      scores_block<G, 3>(packed, steps, kj, k_stride, head_dim, rows, sj, ld_s);
       break;
     case 2:
-      scores_block<G, 2>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      scores_block<G, 2>(packed, steps, kj, k_stride, head_dim, rows, sj, ld_s);
       break;
     case 1:
-      scores_block<G, 1>(packed, steps, kj, k_stride, head_dim, scale, rows, sj, ld_s);
+      scores_block<G, 1>(packed, steps, kj, k_stride, head_dim, rows, sj, ld_s);
       break;
     default:
       break;
   }
 }
 
+void attn_pack_q_avx512(const float* q, int n_q, int head_dim, float mult, float* packed) {
+  pack_query_groups(q, n_q, head_dim, mult, packed);
+}
+
 // K rows per pass over the row groups: a tile of one head's K stays in L1 while every group
 // uses it.
-constexpr int64_t kScoreTileRows = 32;
+constexpr int64_t kScoreTileRows = 64;
 
-void attn_scores_avx512(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                        int head_dim, float scale, float* s, int64_t ld_s) {
+void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_stride,
+                        int64_t n_rows, int head_dim, float* s, int64_t ld_s) {
   const int steps = (head_dim + 3) / 4;
   const int n_groups = (n_q + 3) / 4;
-  thread_local std::vector<float> packed_buffer;  // grows to the largest call and is kept
-  const size_t packed_size = static_cast<size_t>(n_groups) * steps * 16;
-  if (packed_buffer.size() < packed_size) packed_buffer.resize(packed_size);
-  float* packed = packed_buffer.data();  // [n_groups, steps, 16]
-  pack_query_groups(q, n_q, head_dim, packed);
   for (int64_t j = 0; j < n_rows; j += kScoreTileRows) {
     const int64_t n = n_rows - j < kScoreTileRows ? n_rows - j : kScoreTileRows;
-    for (int g = 0; g < n_groups; g += 2) {
-      const int rows[2] = {n_q - 4 * g < 4 ? n_q - 4 * g : 4,
-                           n_q - 4 * g - 4 < 4 ? n_q - 4 * g - 4 : 4};
-      const float* pg = packed + static_cast<int64_t>(g) * steps * 16;
-      float* sg = s + 4 * g * ld_s + j;
-      if (rows[1] > 0) {
-        scores_groups<2>(pg, steps, k + j * k_stride, k_stride, n, head_dim, scale, rows, sg, ld_s);
-      } else {
-        scores_groups<1>(pg, steps, k + j * k_stride, k_stride, n, head_dim, scale, rows, sg, ld_s);
+    int g = 0;
+    // Groups by threes (the last two or four by twos: 3 + 1 would leave a lone group).
+    while (g < n_groups) {
+      const int left = n_groups - g;
+      const int take = left == 4 || left == 2 ? 2 : left == 1 ? 1 : 3;
+      int rows[3];
+      for (int u = 0; u < 3; ++u) {
+        const int rem = n_q - 4 * (g + u);
+        rows[u] = rem < 0 ? 0 : rem < 4 ? rem : 4;
       }
+      const float* pg = packed + static_cast<int64_t>(g) * steps * 16;
+      const float* kj = k + j * k_stride;
+      float* sg = s + 4 * g * ld_s + j;
+      if (take == 3) {
+        scores_groups<3>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s);
+      } else if (take == 2) {
+        scores_groups<2>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s);
+      } else {
+        scores_groups<1>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s);
+      }
+      g += take;
+    }
+  }
+}
+
+// --- attention chunk softmax and merge ------------------------------------------------------
+// A row of kAttnChunk = 64 columns is four 16-lane vectors; l = reduce_add((e0 + e1) + (e2 + e3)).
+static_assert(kAttnChunk == 4 * kLanes, "the chunk softmax assumes 64-column chunks");
+
+void attn_chunk_softmax_avx512(float* s, int64_t ld_s, int n_q, const int32_t* n_valid, float* m,
+                               float* l) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  for (int r = 0; r < n_q; ++r) {
+    float* row = s + r * ld_s;  // [64]
+    const int n = n_valid[r];
+    if (n == 0) {
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(row + c * kLanes, _mm512_setzero_ps());
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+      continue;
+    }
+    __mmask16 valid[4];
+    __m512 x[4];
+    for (int c = 0; c < 4; ++c) {
+      const int rem = n - c * kLanes;
+      valid[c] = rem >= kLanes ? static_cast<__mmask16>(0xffff) : rem <= 0 ? 0 : tail_mask(rem);
+      x[c] = _mm512_mask_loadu_ps(neg_inf, valid[c], row + c * kLanes);
+    }
+    const float max =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3])));
+    const __m512 max16 = _mm512_set1_ps(max);
+    __m512 e[4];
+    for (int c = 0; c < 4; ++c) {
+      e[c] = _mm512_maskz_mov_ps(valid[c], exp2_nonpositive(_mm512_sub_ps(x[c], max16)));
+      _mm512_storeu_ps(row + c * kLanes, e[c]);
+    }
+    m[r] = max;
+    l[r] =
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3])));
+  }
+}
+
+// 16 rows' weights per exp2_nonpositive.
+void attn_merge_weights_avx512(const float* m, const float* l, int n_q, float* big_m, float* big_l,
+                               float* wo, float* wn) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  for (int r0 = 0; r0 < n_q; r0 += kLanes) {
+    const int n = n_q - r0 < kLanes ? n_q - r0 : kLanes;
+    const __mmask16 lanes = tail_mask(n);
+    // m and l were just stored one float at a time (attn_chunk_softmax): gathered with scalar
+    // loads, which store-to-load forwarding serves, unlike a vector load spanning those stores.
+    __m512 mv = neg_inf, lv = _mm512_setzero_ps();
+    for (int u = 0; u < n; ++u) {
+      const __mmask16 lane = static_cast<__mmask16>(1u << u);
+      mv = _mm512_mask_broadcastss_ps(mv, lane, _mm_load_ss(m + r0 + u));
+      lv = _mm512_mask_broadcastss_ps(lv, lane, _mm_load_ss(l + r0 + u));
+    }
+    const __mmask16 live = _mm512_mask_cmp_ps_mask(lanes, mv, neg_inf, _CMP_NEQ_OQ);
+    const __m512 old_max = _mm512_mask_loadu_ps(neg_inf, live, big_m + r0);
+    const __m512 new_max = _mm512_max_ps(old_max, mv);
+    // -inf - M' (the first chunk) gives w_old = 2^-125, which multiplies the zero state.
+    const __m512 w_old = exp2_nonpositive(_mm512_sub_ps(old_max, new_max));
+    const __m512 w_new = exp2_nonpositive(_mm512_sub_ps(mv, new_max));
+    const __m512 big_lv = _mm512_maskz_loadu_ps(live, big_l + r0);
+    _mm512_mask_storeu_ps(big_l + r0, live,
+                          _mm512_fmadd_ps(big_lv, w_old, _mm512_mul_ps(lv, w_new)));
+    _mm512_mask_storeu_ps(big_m + r0, live, new_max);
+    _mm512_mask_storeu_ps(wo + r0, lanes, _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), w_old));
+    _mm512_mask_storeu_ps(wn + r0, lanes, _mm512_maskz_mov_ps(live, w_new));
+  }
+}
+
+// big_a = fmadd(big_a, wo, a·wn) per element, as the end of accumulate_pass<R, true>.
+void attn_merge_rows_avx512(const float* a, int n_q, int head_dim, const float* wo, const float* wn,
+                            float* big_a) {
+  for (int r = 0; r < n_q; ++r) {
+    const float* a_r = a + static_cast<int64_t>(r) * head_dim;    // [head_dim]
+    float* big_a_r = big_a + static_cast<int64_t>(r) * head_dim;  // [head_dim]
+    const __m512 wo16 = _mm512_set1_ps(wo[r]);
+    const __m512 wn16 = _mm512_set1_ps(wn[r]);
+    for (int d = 0; d < head_dim; d += kLanes) {
+      const __mmask16 t = tail_mask(head_dim - d < kLanes ? head_dim - d : kLanes);
+      const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(t, a_r + d), wn16);
+      _mm512_mask_storeu_ps(big_a_r + d, t,
+                            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(t, big_a_r + d), wo16, x));
     }
   }
 }
@@ -323,16 +450,20 @@ void attn_scores_avx512(const float* q, int n_q, const float* k, int64_t k_strid
 // --- attention accumulation ---------------------------------------------------------------
 // out[r, 0:64] += Σ_j p[r, j] · v[j, 0:64] for R (1..6) rows: four 16-lane chunks (lanes m[0..3];
 // a masked-off chunk costs nothing extra) per row, so a pass reads each V row's 256 bytes once
-// for all R rows. Every output lane takes one FMA per j, in order.
-template <int R>
+// for all R rows. Every output lane takes one FMA per j, in order. kMerge: the sums start from
+// zero and end as out = fmadd(out, wo[r], sum·wn[r]) (attn_merge_rows' arithmetic).
+template <int R, bool kMerge>
 void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, const __mmask16 m[4], float* out) {
+                     int head_dim, const __mmask16 m[4], const float* wo, const float* wn,
+                     float* out) {
   __m512 acc[R][4];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c)
-      acc[r][c] = _mm512_maskz_loadu_ps(m[c], out + r * head_dim + c * kLanes);
+    for (int c = 0; c < 4; ++c) {
+      acc[r][c] = kMerge ? _mm512_setzero_ps()
+                         : _mm512_maskz_loadu_ps(m[c], out + r * head_dim + c * kLanes);
+    }
   }
   for (int64_t j = 0; j < n_rows; ++j) {
     const float* vj = v + j * v_stride;  // [64] of this pass
@@ -348,60 +479,90 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
+    float* out_r = out + r * head_dim;
+    if constexpr (kMerge) {
+      const __m512 wo16 = _mm512_set1_ps(wo[r]);
+      const __m512 wn16 = _mm512_set1_ps(wn[r]);
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c)
-      _mm512_mask_storeu_ps(out + r * head_dim + c * kLanes, m[c], acc[r][c]);
+      for (int c = 0; c < 4; ++c) {
+        const __m512 x = _mm512_mul_ps(acc[r][c], wn16);
+        _mm512_mask_storeu_ps(
+            out_r + c * kLanes, m[c],
+            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m[c], out_r + c * kLanes), wo16, x));
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) _mm512_mask_storeu_ps(out_r + c * kLanes, m[c], acc[r][c]);
+    }
   }
 }
 
-template <int R>
+template <int R, bool kMerge>
 void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, float* out) {
+                     int head_dim, const float* wo, const float* wn, float* out) {
   for (int d = 0; d < head_dim; d += 4 * kLanes) {
     __mmask16 m[4];
     for (int c = 0; c < 4; ++c) {
       const int rem = head_dim - d - c * kLanes;
       m[c] = tail_mask(rem <= 0 ? 0 : rem < kLanes ? rem : kLanes);
     }
-    accumulate_pass<R>(p, ld_p, v + d, v_stride, n_rows, head_dim, m, out + d);
+    accumulate_pass<R, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, m, wo, wn, out + d);
   }
 }
 
-void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                            int64_t n_rows, int head_dim, float* out) {
+template <bool kMerge>
+void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+                    int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out) {
   int r = 0;
+  auto w = [&r](const float* x) { return kMerge ? x + r : x; };  // row r's weights
   for (; r + 6 <= n_q; r += 6) {
-    accumulate_rows<6>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, out + r * head_dim);
+    accumulate_rows<6, kMerge>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
+                               out + r * head_dim);
   }
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
     case 5:
-      accumulate_rows<5>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<5, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     case 4:
-      accumulate_rows<4>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<4, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     case 3:
-      accumulate_rows<3>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     case 2:
-      accumulate_rows<2>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     case 1:
-      accumulate_rows<1>(pr, ld_p, v, v_stride, n_rows, head_dim, out_r);
+      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
       break;
     default:
       break;
   }
 }
 
+void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+                            int64_t n_rows, int head_dim, float* out) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out);
+}
+
+void attn_accumulate_merge_avx512(const float* p, int64_t ld_p, int n_q, const float* v,
+                                  int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                                  const float* wn, float* big_a) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a);
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_avx512() {
   static const OpsKernels kernels = {
-      rmsnorm_avx512, swiglu_avx512,      row_max_avx512,         exp_shifted_sum_avx512,
-      scale_avx512,   attn_scores_avx512, attn_accumulate_avx512,
+      rmsnorm_avx512,         swiglu_avx512,
+      row_max_avx512,         exp_shifted_sum_avx512,
+      scale_avx512,           attn_pack_q_avx512,
+      attn_scores_avx512,     attn_chunk_softmax_avx512,
+      attn_accumulate_avx512, attn_merge_weights_avx512,
+      attn_merge_rows_avx512, attn_accumulate_merge_avx512,
   };
   return kernels;
 }

@@ -2,6 +2,7 @@
 // Isa::kScalar), plus rope and argmax, which have only this variant: rope costs
 // n_heads * rope_dim / 2 rotations per token and argmax one pass over the vocabulary per
 // sampled row, both negligible beside the matmuls, so SIMD variants would not pay.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -52,16 +53,45 @@ void scale_ref(float* x, int64_t n, float a) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
+// The packed form is q·mult, row-major.
+void attn_pack_q_ref(const float* q, int n_q, int head_dim, float mult, float* packed) {
+  const int64_t n = static_cast<int64_t>(n_q) * head_dim;
+  for (int64_t i = 0; i < n; ++i) packed[i] = q[i] * mult;
+}
+
 void attn_scores_ref(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                     int head_dim, float scale, float* s, int64_t ld_s) {
+                     int head_dim, float* s, int64_t ld_s) {
   for (int r = 0; r < n_q; ++r) {
     const float* qr = q + static_cast<int64_t>(r) * head_dim;  // [head_dim]
     for (int64_t j = 0; j < n_rows; ++j) {
       const float* kj = k + j * k_stride;  // [head_dim]
       float dot = 0.0f;
       for (int d = 0; d < head_dim; ++d) dot += qr[d] * kj[d];
-      s[r * ld_s + j] = scale * dot;
+      s[r * ld_s + j] = dot;
     }
+  }
+}
+
+// The sum runs over all kAttnChunk columns in order, in double (the zeros past n change nothing).
+void attn_chunk_softmax_ref(float* s, int64_t ld_s, int n_q, const int32_t* n_valid, float* m,
+                            float* l) {
+  for (int r = 0; r < n_q; ++r) {
+    float* row = s + r * ld_s;  // [kAttnChunk]
+    const int n = n_valid[r];
+    if (n == 0) {
+      std::fill_n(row, kAttnChunk, 0.0f);
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+      continue;
+    }
+    const float max = row_max_ref(row, n);
+    double sum = 0.0;
+    for (int j = 0; j < kAttnChunk; ++j) {
+      row[j] = j < n ? std::exp2(row[j] - max) : 0.0f;
+      sum += row[j];
+    }
+    m[r] = max;
+    l[r] = static_cast<float>(sum);
   }
 }
 
@@ -77,12 +107,55 @@ void attn_accumulate_ref(const float* p, int64_t ld_p, int n_q, const float* v, 
   }
 }
 
+void attn_merge_weights_ref(const float* m, const float* l, int n_q, float* big_m, float* big_l,
+                            float* wo, float* wn) {
+  for (int r = 0; r < n_q; ++r) {
+    if (m[r] == -INFINITY) {
+      wo[r] = 1.0f;
+      wn[r] = 0.0f;
+      continue;
+    }
+    const float new_max = std::max(big_m[r], m[r]);
+    wo[r] = std::exp2(big_m[r] - new_max);
+    wn[r] = std::exp2(m[r] - new_max);
+    big_l[r] = big_l[r] * wo[r] + l[r] * wn[r];
+    big_m[r] = new_max;
+  }
+}
+
+void attn_merge_rows_ref(const float* a, int n_q, int head_dim, const float* wo, const float* wn,
+                         float* big_a) {
+  for (int r = 0; r < n_q; ++r) {
+    const float* a_r = a + static_cast<int64_t>(r) * head_dim;    // [head_dim]
+    float* big_a_r = big_a + static_cast<int64_t>(r) * head_dim;  // [head_dim]
+    for (int d = 0; d < head_dim; ++d) big_a_r[d] = big_a_r[d] * wo[r] + a_r[d] * wn[r];
+  }
+}
+
+// The two kernels above, row by row through a zeroed row of scratch (the same arithmetic).
+void attn_accumulate_merge_ref(const float* p, int64_t ld_p, int n_q, const float* v,
+                               int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                               const float* wn, float* big_a) {
+  thread_local std::vector<float> a;  // [head_dim]; grows to the largest call and is kept
+  if (a.size() < static_cast<size_t>(head_dim)) a.resize(static_cast<size_t>(head_dim));
+  for (int r = 0; r < n_q; ++r) {
+    std::fill_n(a.data(), head_dim, 0.0f);
+    attn_accumulate_ref(p + r * ld_p, ld_p, 1, v, v_stride, n_rows, head_dim, a.data());
+    attn_merge_rows_ref(a.data(), 1, head_dim, wo + r, wn + r,
+                        big_a + static_cast<int64_t>(r) * head_dim);
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_ref() {
   static const OpsKernels kernels = {
-      rmsnorm_ref, swiglu_ref,      row_max_ref,         exp_shifted_sum_ref,
-      scale_ref,   attn_scores_ref, attn_accumulate_ref,
+      rmsnorm_ref,         swiglu_ref,
+      row_max_ref,         exp_shifted_sum_ref,
+      scale_ref,           attn_pack_q_ref,
+      attn_scores_ref,     attn_chunk_softmax_ref,
+      attn_accumulate_ref, attn_merge_weights_ref,
+      attn_merge_rows_ref, attn_accumulate_merge_ref,
   };
   return kernels;
 }
