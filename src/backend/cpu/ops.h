@@ -30,6 +30,13 @@ enum class RopeStyle {
 // freq_base^(-2i/rope_dim) (float math, as llama.cpp); the rest pass through. rope_dim even.
 void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int head_dim,
           int rope_dim, float freq_base, float freq_scale, RopeStyle style);
+// The same in two steps, so that a forward pass computes the angles once for all layers:
+//   rope_angles: cos_sin [n_tokens, rope_dim / 2, 2] = (cos theta_i, sin theta_i) per token;
+//   rope_apply: rotates x [n_tokens, n_heads, head_dim] with them. rope() == angles + apply.
+void rope_angles(const int32_t* positions, int64_t n_tokens, int rope_dim, float freq_base,
+                 float freq_scale, float* cos_sin);
+void rope_apply(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
+                int rope_dim, RopeStyle style);
 
 // Attention of n_new query tokens over a sequence's KV rows [0, n_past + n_new):
 //   q:   [n_new, n_heads, head_dim]

@@ -160,16 +160,11 @@ const OpsKernels& ops_kernels_ref() {
   return kernels;
 }
 
-// theta_i = pos * freq_scale * freq_base^(-2i/rope_dim), in float as llama.cpp does. The angle
-// of each pair is computed once per token and applied to every head.
-void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int head_dim,
-          int rope_dim, float freq_base, float freq_scale, RopeStyle style) {
-  SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
-                "rope: rope_dim must be even and in (0, head_dim]");
+// theta_i = pos * freq_scale * freq_base^(-2i/rope_dim), in float as llama.cpp does.
+void rope_angles(const int32_t* positions, int64_t n_tokens, int rope_dim, float freq_base,
+                 float freq_scale, float* cos_sin) {
+  SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rope: rope_dim must be even and positive");
   const int n_pairs = rope_dim / 2;
-  // Style kNorm rotates (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + rope_dim/2]).
-  const int first_stride = style == RopeStyle::kNorm ? 2 : 1;
-  const int second_offset = style == RopeStyle::kNorm ? 1 : n_pairs;
   // freq_base^(-2i/rope_dim) once per call; the scratch grows once and is kept.
   thread_local std::vector<float> inv_freq;  // [n_pairs]
   if (inv_freq.size() < static_cast<size_t>(n_pairs)) inv_freq.resize(static_cast<size_t>(n_pairs));
@@ -177,16 +172,33 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int
     inv_freq[i] = std::pow(freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(rope_dim));
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
-    float* xt = x + t * n_heads * head_dim;  // [n_heads, head_dim]
     const float pos = static_cast<float>(positions[t]);
+    float* cs = cos_sin + t * rope_dim;  // [n_pairs, 2]
     for (int i = 0; i < n_pairs; ++i) {
       const float theta = pos * freq_scale * inv_freq[i];
-      const float cos_t = std::cos(theta);
-      const float sin_t = std::sin(theta);
-      const int a = i * first_stride;
-      const int b = a + second_offset;
-      for (int h = 0; h < n_heads; ++h) {
-        float* xh = xt + static_cast<int64_t>(h) * head_dim;  // [head_dim]
+      cs[2 * i] = std::cos(theta);
+      cs[2 * i + 1] = std::sin(theta);
+    }
+  }
+}
+
+void rope_apply(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
+                int rope_dim, RopeStyle style) {
+  SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
+                "rope: rope_dim must be even and in (0, head_dim]");
+  const int n_pairs = rope_dim / 2;
+  // Style kNorm rotates (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + rope_dim/2]).
+  const int first_stride = style == RopeStyle::kNorm ? 2 : 1;
+  const int second_offset = style == RopeStyle::kNorm ? 1 : n_pairs;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* xt = x + t * n_heads * head_dim;  // [n_heads, head_dim]
+    const float* cs = cos_sin + t * rope_dim;  // [n_pairs, 2]
+    for (int h = 0; h < n_heads; ++h) {
+      float* xh = xt + static_cast<int64_t>(h) * head_dim;  // [head_dim]
+      for (int i = 0; i < n_pairs; ++i) {
+        const float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
+        const int a = i * first_stride;
+        const int b = a + second_offset;
         const float x0 = xh[a];
         const float x1 = xh[b];
         xh[a] = x0 * cos_t - x1 * sin_t;
@@ -194,6 +206,18 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int
       }
     }
   }
+}
+
+void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int head_dim,
+          int rope_dim, float freq_base, float freq_scale, RopeStyle style) {
+  SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
+                "rope: rope_dim must be even and in (0, head_dim]");
+  thread_local std::vector<float> cos_sin;  // [n_tokens, rope_dim / 2, 2]
+  if (cos_sin.size() < static_cast<size_t>(n_tokens * rope_dim)) {
+    cos_sin.resize(static_cast<size_t>(n_tokens * rope_dim));
+  }
+  rope_angles(positions, n_tokens, rope_dim, freq_base, freq_scale, cos_sin.data());
+  rope_apply(x, cos_sin.data(), n_tokens, n_heads, head_dim, rope_dim, style);
 }
 
 int64_t argmax(const float* x, int64_t n) {

@@ -85,6 +85,7 @@ class LlamaModel final : public Model {
   std::vector<float> qkv_;     // [n, q_dim + 2 kv_dim] output of the stacked Q/K/V matmul
   std::vector<float> gate_up_;  // [n, 2 ffn_dim] output of the stacked gate/up matmul
   std::vector<float> sel_;     // [n_out, dim] final-normed rows chosen for output
+  std::vector<float> rope_;    // [n, rope_dim / 2, 2] cos / sin of the batch's RoPE angles
   std::vector<float> logits_;  // [n_out, n_vocab]
 };
 
@@ -268,6 +269,10 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
   shape.head_dim = c.head_dim;
   shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const int64_t kv_row = c.kv_dim();
+  // RoPE angles of the batch's positions, once for all layers.
+  float* cos_sin = grow(rope_, n * c.rope_dim);  // [n, rope_dim / 2, 2]
+  rope_angles(batch.positions.data(), n, c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
+              cos_sin);
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -291,10 +296,8 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
       matmul(w.wk, xn, n, k_new, pool);
       matmul(w.wv, xn, n, v_new, pool);
     }
-    rope(q, batch.positions.data(), n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
-         c.rope_freq_scale, c.rope_style);
-    rope(k_new, batch.positions.data(), n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
-         c.rope_freq_scale, c.rope_style);
+    rope_apply(q, cos_sin, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_style);
+    rope_apply(k_new, cos_sin, n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style);
     dump("q_rope", l, q, n, c.q_dim());
     dump("k_rope", l, k_new, n, kv_row);
     dump("v", l, v_new, n, kv_row);
