@@ -35,9 +35,10 @@ namespace {
 
 // acc += u8 codes x (the 4 signed bytes at p, broadcast to every lane).
 inline __m512i dpbusd_bcast(__m512i acc, __m512i u8, const int8_t* p) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
-          : "+v"(acc)
-          : "v"(u8), "m"(*reinterpret_cast<const int32_t*>(p)));
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  const __m512i b = _mm512_set1_epi32(v);
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(b));
   return acc;
 }
 
