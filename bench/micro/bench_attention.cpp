@@ -5,7 +5,11 @@
 //
 // Build: cmake --build <build dir> --target bench_attention
 // Run: <build dir>/bench_attention [--isa scalar|avx2|avx512] [--threads N] [--rounds R]
-//        [--no-flush] [--case N_PAST,N_NEW] [--layers L] [--tree]
+//        [--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree]
+// The rounds of the cases alternate (round r of every case, then round r + 1), so that a busy
+// host disturbs them alike; "x n_new=1" is the median over rounds of a case's time over that of
+// the n_new = 1 case at the same n_past (when one is run), the verification cost ratio of
+// speculative decoding. --case may repeat.
 // --tree replaces the causal mask of the new tokens by a binary token tree (token i's parent is
 // (i - 1) / 2; it sees itself and its ancestors), as in tree verification.
 // By default a 128 MiB buffer is read between passes, so the K/V start in DRAM as they do in
@@ -58,6 +62,7 @@ int run_bench(int argc, char** argv) {
   bool tree = false;
   std::vector<Case> cases = {{512, 1},  {512, 8},   {512, 16}, {2048, 1},
                              {2048, 8}, {2048, 16}, {0, 512}};
+  bool default_cases = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--isa" && i + 1 < argc) {
@@ -79,11 +84,13 @@ int run_bench(int argc, char** argv) {
         std::fprintf(stderr, "--case wants N_PAST,N_NEW\n");
         return 2;
       }
-      cases = {{n_past, n_new}};
+      if (default_cases) cases.clear();
+      default_cases = false;
+      cases.push_back({n_past, n_new});
     } else {
       std::fprintf(stderr,
                    "usage: %s [--isa scalar|avx2|avx512] [--threads N] [--rounds R] "
-                   "[--no-flush] [--case N_PAST,N_NEW] [--layers L] [--tree]\n",
+                   "[--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree]\n",
                    argv[0]);
       return 2;
     }
@@ -99,59 +106,88 @@ int run_bench(int argc, char** argv) {
       layers, kHeads, kKvHeads, kHeadDim, isa_name(isa), threads,
       flush ? "K/V cold (caches flushed)" : "K/V cache-warm", tree ? "binary-tree" : "causal",
       rounds);
-  std::printf("%8s %6s %12s %12s %12s %12s\n", "n_past", "n_new", "ms/pass", "us/layer", "KV GB/s",
-              "best ms");
+  std::printf("%8s %6s %12s %12s %12s %12s %12s\n", "n_past", "n_new", "ms/pass", "us/layer",
+              "KV GB/s", "best ms", "x n_new=1");
   std::vector<float> big(flush ? (size_t{128} << 20) / sizeof(float) : 0, 1.0f);
   float sink = 0.0f;
   std::mt19937 gen(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (const Case& c : cases) {
+  // One case's inputs and its times.
+  struct Run {
     AttentionShape s;
-    s.n_past = c.n_past;
-    s.n_new = c.n_new;
-    s.n_heads = kHeads;
-    s.n_kv_heads = kKvHeads;
-    s.head_dim = kHeadDim;
-    s.scale = 0.125f;
-    const int64_t kv_elems = (c.n_past + c.n_new) * kKvHeads * kHeadDim;
-    std::vector<std::vector<float>> k(layers), v(layers);  // [layer][n_kv, n_kv_heads, hd]
+    int64_t kv_elems = 0;
+    std::vector<std::vector<float>> k, v;  // [layer][n_past + n_new, n_kv_heads, head_dim]
+    std::vector<float> q;                  // [n_new, n_heads, head_dim]
+    std::vector<float> out;                // [n_new, n_heads, head_dim]
+    std::vector<uint8_t> mask;             // [n_new, n_new] with --tree
+    std::vector<double> times;             // [rounds] seconds per pass
+  };
+  std::vector<Run> runs(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    Run& run = runs[i];
+    run.s.n_past = c.n_past;
+    run.s.n_new = c.n_new;
+    run.s.n_heads = kHeads;
+    run.s.n_kv_heads = kKvHeads;
+    run.s.head_dim = kHeadDim;
+    run.s.scale = 0.125f;
+    run.kv_elems = (c.n_past + c.n_new) * kKvHeads * kHeadDim;
+    run.k.resize(static_cast<size_t>(layers));
+    run.v.resize(static_cast<size_t>(layers));
     for (int l = 0; l < layers; ++l) {
-      k[l].resize(static_cast<size_t>(kv_elems));
-      v[l].resize(static_cast<size_t>(kv_elems));
-      for (float& x : k[l]) x = dist(gen);
-      for (float& x : v[l]) x = dist(gen);
+      run.k[l].resize(static_cast<size_t>(run.kv_elems));
+      run.v[l].resize(static_cast<size_t>(run.kv_elems));
+      for (float& x : run.k[l]) x = dist(gen);
+      for (float& x : run.v[l]) x = dist(gen);
     }
-    std::vector<float> q(static_cast<size_t>(c.n_new * kHeads * kHeadDim));  // [n_new, 9, 64]
-    for (float& x : q) x = dist(gen);
-    std::vector<float> out(q.size());  // [n_new, 9, 64]
-    std::vector<uint8_t> mask;         // [n_new, n_new] with --tree
+    run.q.resize(static_cast<size_t>(c.n_new * kHeads * kHeadDim));
+    for (float& x : run.q) x = dist(gen);
+    run.out.resize(run.q.size());
     if (tree) {
-      mask.assign(static_cast<size_t>(c.n_new * c.n_new), 0);
-      for (int64_t i = 0; i < c.n_new; ++i) {
-        for (int64_t a = i;; a = (a - 1) / 2) {
-          mask[static_cast<size_t>(i * c.n_new + a)] = 1;
+      run.mask.assign(static_cast<size_t>(c.n_new * c.n_new), 0);
+      for (int64_t t = 0; t < c.n_new; ++t) {
+        for (int64_t a = t;; a = (a - 1) / 2) {
+          run.mask[static_cast<size_t>(t * c.n_new + a)] = 1;
           if (a == 0) break;
         }
       }
     }
-    std::vector<double> times;
-    for (int r = 0; r < rounds + 1; ++r) {
+  }
+  for (int r = 0; r < rounds + 1; ++r) {
+    for (Run& run : runs) {
       if (flush) sink += flush_caches(big);
       const double t0 = now_s();
       for (int l = 0; l < layers; ++l) {
-        attention_isa(isa, s, q.data(), k[l].data(), v[l].data(), tree ? mask.data() : nullptr,
-                      out.data(), &pool);
+        attention_isa(isa, run.s, run.q.data(), run.k[l].data(), run.v[l].data(),
+                      tree ? run.mask.data() : nullptr, run.out.data(), &pool);
       }
       const double t = now_s() - t0;
-      if (r > 0) times.push_back(t);  // round 0 warms up the pool and the scratch
-      sink += out[0];
+      if (r > 0) run.times.push_back(t);  // round 0 warms up the pool and the scratch
+      sink += run.out[0];
     }
-    std::sort(times.begin(), times.end());
-    const double median = times[times.size() / 2];
-    const double kv_bytes = 2.0 * layers * static_cast<double>(kv_elems) * sizeof(float);
-    std::printf("%8lld %6lld %12.3f %12.1f %12.2f %12.3f\n", static_cast<long long>(c.n_past),
-                static_cast<long long>(c.n_new), median * 1e3, median * 1e6 / layers,
-                kv_bytes / median * 1e-9, times.front() * 1e3);
+  }
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  for (const Run& run : runs) {
+    const double med = median(run.times);
+    const double best = *std::min_element(run.times.begin(), run.times.end());
+    const double kv_bytes = 2.0 * layers * static_cast<double>(run.kv_elems) * sizeof(float);
+    std::printf("%8lld %6lld %12.3f %12.1f %12.2f %12.3f", static_cast<long long>(run.s.n_past),
+                static_cast<long long>(run.s.n_new), med * 1e3, med * 1e6 / layers,
+                kv_bytes / med * 1e-9, best * 1e3);
+    const Run* one = nullptr;  // the n_new = 1 case at the same n_past
+    for (const Run& other : runs) {
+      if (other.s.n_past == run.s.n_past && other.s.n_new == 1) one = &other;
+    }
+    if (one != nullptr) {
+      std::vector<double> ratios;  // [rounds]
+      for (size_t i = 0; i < run.times.size(); ++i) ratios.push_back(run.times[i] / one->times[i]);
+      std::printf(" %12.3f", median(ratios));
+    }
+    std::printf("\n");
   }
   std::printf("(checksum %g)\n", static_cast<double>(sink));
   return 0;

@@ -643,7 +643,8 @@ TEST(Ops, AttentionExtremeScoreSpreads) {
   }
 }
 
-// The fused Σ p·v + merge kernel gives bitwise what the two separate steps give.
+// The fused Σ p·v + merge kernel gives bitwise what the two separate steps give (a prefetch hint
+// or none).
 TEST(Ops, AttentionFusedMergeEqualsSeparate) {
   std::mt19937 gen(15);
   for (Isa isa : supported_variants()) {
@@ -658,14 +659,57 @@ TEST(Ops, AttentionFusedMergeEqualsSeparate) {
           const std::vector<float> state = random_vector(gen, n_q * head_dim, -3, 3);
           std::vector<float> a(static_cast<size_t>(n_q * head_dim), 0.0f);  // [n_q, head_dim]
           kern.attn_accumulate(p.data(), kAttnChunk, n_q, v.data(), 2 * head_dim, n_rows, head_dim,
-                               a.data());
+                               a.data(), {});
           std::vector<float> separate = state, fused = state;
           kern.attn_merge_rows(a.data(), n_q, head_dim, wo.data(), wn.data(), separate.data());
+          // All of V as a prefetch hint: it must change nothing.
+          const AttnPrefetch next{v.data(), static_cast<int64_t>(v.size() * sizeof(float))};
           kern.attn_accumulate_merge(p.data(), kAttnChunk, n_q, v.data(), 2 * head_dim, n_rows,
-                                     head_dim, wo.data(), wn.data(), fused.data());
+                                     head_dim, wo.data(), wn.data(), fused.data(), next);
           ASSERT_EQ(first_bitwise_difference(separate.data(), fused.data(), n_q * head_dim), -1)
               << isa_name(isa) << " head_dim " << head_dim << " n_q " << n_q << " rows " << n_rows;
         }
+      }
+    }
+  }
+}
+
+// Query rows packed from runs of rows (the query heads of one KV head, token by token) give the
+// packing of the same rows copied together, and scores with a prefetch hint equal those without.
+TEST(Ops, AttentionPackRunsAndPrefetchHints) {
+  std::mt19937 gen(16);
+  for (Isa isa : supported_variants()) {
+    const OpsKernels& kern = ops_kernels_for(isa, true);
+    for (int head_dim : {64, 20, 7}) {
+      for (int run_rows : {1, 3, 4}) {
+        const int n_runs = 5;
+        const int n_q = run_rows * n_runs;
+        const int64_t run_stride = static_cast<int64_t>(run_rows + 2) * head_dim;
+        const std::vector<float> q = random_vector(gen, n_runs * run_stride, -1, 1);
+        std::vector<float> rows(static_cast<size_t>(n_q * head_dim));  // [n_q, head_dim]
+        for (int r = 0; r < n_q; ++r) {
+          std::copy_n(q.data() + r / run_rows * run_stride + r % run_rows * head_dim, head_dim,
+                      rows.data() + r * head_dim);
+        }
+        const int64_t packed_n = attn_packed_floats(n_q, head_dim);
+        std::vector<float> from_runs(static_cast<size_t>(packed_n), 0.0f);
+        std::vector<float> from_rows(static_cast<size_t>(packed_n), 0.0f);
+        kern.attn_pack_q(q.data(), n_q, run_rows, run_stride, head_dim, 0.3f, from_runs.data());
+        kern.attn_pack_q(rows.data(), n_q, n_q, 0, head_dim, 0.3f, from_rows.data());
+        ASSERT_EQ(first_bitwise_difference(from_runs.data(), from_rows.data(), packed_n), -1)
+            << isa_name(isa) << " head_dim " << head_dim << " run_rows " << run_rows;
+
+        const int64_t n_k = 37;
+        const std::vector<float> k = random_vector(gen, n_k * 2 * head_dim, -1, 1);
+        std::vector<float> plain(static_cast<size_t>(n_q * kAttnChunk), 0.0f);
+        std::vector<float> hinted = plain;
+        kern.attn_scores(from_runs.data(), n_q, k.data(), 2 * head_dim, n_k, head_dim, plain.data(),
+                         kAttnChunk, {});
+        const AttnPrefetch next{k.data(), static_cast<int64_t>(k.size() * sizeof(float))};
+        kern.attn_scores(from_runs.data(), n_q, k.data(), 2 * head_dim, n_k, head_dim,
+                         hinted.data(), kAttnChunk, next);
+        ASSERT_EQ(first_bitwise_difference(plain.data(), hinted.data(), n_q * kAttnChunk), -1)
+            << isa_name(isa) << " head_dim " << head_dim << " n_q " << n_q;
       }
     }
   }

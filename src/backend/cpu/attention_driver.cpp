@@ -27,10 +27,15 @@
 //
 // Threads: with enough blocks each block is one thread's task (largest first, taken from a
 // shared counter), chunk by chunk over all KV heads, each chunk merged as it is done. Otherwise
-// (decode, verification) the threads share each block: its (chunk, KV head) units are split into
-// contiguous ranges (each thread reads its own slice of K and V); thread 0 merges its units as it
-// goes, the others store their chunk results, and after a barrier each thread finishes the merge
-// of a share of the rows.
+// (decode, verification) the threads share each block: thread 0 takes its (chunk, KV head) units
+// from the front and merges them as it goes, the others take them from the back and store their
+// chunk results (so the split adapts to a thread that starts late or runs slowly), and after a
+// barrier each thread finishes the merge of a share of the rows.
+//
+// Memory: decode and verification stream the cached K/V from DRAM (the rest of the forward pass
+// evicts them between layers). A thread working on a chunk has the kernels prefetch the next
+// chunk it will work on (AttnPrefetch), a third per KV head, so that the next K/V rows arrive
+// while it computes.
 //
 // Invariance: a query vector's output depends only on q and the contents of its ordered visible
 // list. A score is one dot product whose instruction sequence does not depend on the rest of the
@@ -76,10 +81,22 @@ struct AttentionPlan {
   std::vector<uint8_t> has_runs;     // [n_blocks] whether any token of the block has runs
 };
 
-// Threads of one pool job wait here for each other; one slot per barrier of the call.
-struct alignas(64) BarrierSlot {
+// One block of a job whose threads share each block: the units its threads claimed, and the
+// barrier where they wait for each other.
+struct alignas(64) BlockSync {
+  std::atomic<int64_t> claimed{0};  // units claimed by all threads together
+  std::atomic<int64_t> back{0};     // units claimed from the back (more than two threads)
+  std::atomic<int64_t> front{0};    // units thread 0 took from the front, set before the barrier
   std::atomic<int> arrived{0};
   std::atomic<int> open{0};
+
+  void reset() {
+    claimed.store(0, std::memory_order_relaxed);
+    back.store(0, std::memory_order_relaxed);
+    front.store(0, std::memory_order_relaxed);
+    arrived.store(0, std::memory_order_relaxed);
+    open.store(0, std::memory_order_relaxed);
+  }
 };
 
 // The calling thread's buffers, shared by the threads of a job and kept across calls.
@@ -87,17 +104,16 @@ struct SharedBuffers {
   AttentionPlan plan;
   alignas(64) std::atomic<int64_t> next_task{0};  // task counter of a one-task-per-thread job
   // Chunk results of the threads sharing a block, double-buffered by block parity:
-  std::vector<float> chunk_ml;  // [2, n_chunks, 2, n_rows] m then l of each chunk
-  std::vector<float> chunk_a;   // [2, n_chunks, n_rows, head_dim] a of each chunk
-  std::vector<float> state_ml;  // [2, 2, n_rows] running M, L (thread 0's chunks merged)
-  std::vector<float> state_a;   // [2, n_rows, head_dim] running A
-  std::unique_ptr<BarrierSlot[]> barriers;  // [n_barriers]
-  int64_t n_barriers = 0;
+  std::vector<float> chunk_ml;         // [2, n_chunks, 2, n_rows] m then l of each chunk
+  std::vector<float> chunk_a;          // [2, n_chunks, n_rows, head_dim] a of each chunk
+  std::vector<float> state_ml;         // [2, 2, n_rows] running M, L (thread 0's chunks merged)
+  std::vector<float> state_a;          // [2, n_rows, head_dim] running A
+  std::unique_ptr<BlockSync[]> syncs;  // [n_syncs], one per block
+  int64_t n_syncs = 0;
 };
 
 // Per-thread scratch of one block; rows = rows_per_head unless noted.
 struct Scratch {
-  std::vector<float> q_rows;      // [rows, head_dim] gathered q of one KV head
   std::vector<float> packed;      // [n_kv_heads, packed_q] q in the kernels' form
   std::vector<float> packed_tok;  // [n_kv_heads, n_tokens, packed_tok] per token (runs)
   std::vector<float> scores;      // [rows, kChunk] scores, then p
@@ -240,20 +256,18 @@ int64_t token_offset(const AttentionCall& c, const Block& blk, int h, int64_t t)
   return ((blk.token_begin + t) * c.s.n_heads + static_cast<int64_t>(h) * c.group) * c.s.head_dim;
 }
 
-// Packs the q rows of KV head h: packed_h [packed_q] for the block, and (blocks with runs)
-// packed_tok_h [n_tokens, packed_tok] per token.
-void pack_head(const AttentionCall& c, const Block& blk, int h, Scratch& sc, float* packed_h,
+// Packs the q rows of KV head h: packed_h [packed_q] for the block (its tokens' runs of `group`
+// query heads, one token apart in q), and (blocks with runs) packed_tok_h [n_tokens, packed_tok]
+// per token.
+void pack_head(const AttentionCall& c, const Block& blk, int h, float* packed_h,
                float* packed_tok_h) {
-  const int64_t group_floats = static_cast<int64_t>(c.group) * c.s.head_dim;
-  float* q_rows = grow(&sc.q_rows, blk.rows_per_head * c.s.head_dim);  // [rows_per_head, hd]
-  for (int64_t t = 0; t < blk.n_tokens; ++t) {
-    std::copy_n(c.q + token_offset(c, blk, h, t), group_floats, q_rows + t * group_floats);
-  }
-  c.kern.attn_pack_q(q_rows, blk.rows_per_head, c.s.head_dim, c.q_mult, packed_h);
+  const int64_t token_stride = static_cast<int64_t>(c.s.n_heads) * c.s.head_dim;
+  c.kern.attn_pack_q(c.q + token_offset(c, blk, h, 0), blk.rows_per_head, c.group, token_stride,
+                     c.s.head_dim, c.q_mult, packed_h);
   if (!blk.has_runs) return;
   for (int64_t t = 0; t < blk.n_tokens; ++t) {
-    c.kern.attn_pack_q(c.q + token_offset(c, blk, h, t), c.group, c.s.head_dim, c.q_mult,
-                       packed_tok_h + t * c.packed_tok);
+    c.kern.attn_pack_q(c.q + token_offset(c, blk, h, t), c.group, c.group, token_stride,
+                       c.s.head_dim, c.q_mult, packed_tok_h + t * c.packed_tok);
   }
 }
 
@@ -296,11 +310,35 @@ Chunk chunk_at(const AttentionCall& c, const Block& blk, int64_t chunk) {
   return ch;
 }
 
+// Prefetch hints for the K and V rows a thread reads next.
+struct NextRows {
+  AttnPrefetch k;
+  AttnPrefetch v;
+};
+
+// Part `part` of `parts` of the K and V tile rows of chunk `chunk` of the block (the rows of a
+// chunk hold all KV heads, one contiguous range in K and one in V); none for a chunk outside the
+// block. A thread working through a chunk's KV heads one by one prefetches the next chunk it will
+// work on, a part per head.
+NextRows chunk_part(const AttentionCall& c, const Block& blk, int64_t chunk, int part, int parts) {
+  NextRows next;
+  if (chunk < 0 || chunk >= blk.n_chunks) return next;
+  const int64_t c0 = chunk * kChunk;
+  const int64_t n = std::min(std::min(c0 + kChunk, blk.max_visible), blk.tile_end) - c0;
+  if (n <= 0) return next;
+  const int64_t bytes = n * c.kv_stride * static_cast<int64_t>(sizeof(float));
+  const int64_t begin = bytes * part / parts;
+  const int64_t end = bytes * (part + 1) / parts;
+  next.k = {reinterpret_cast<const char*>(c.k + c0 * c.kv_stride) + begin, end - begin};
+  next.v = {reinterpret_cast<const char*>(c.v + c0 * c.kv_stride) + begin, end - begin};
+  return next;
+}
+
 // First half of a chunk of the rows_per_head rows of KV head h: its p in sc.scores (and, for run
-// tokens, the run columns in sc.side), m and l: [rows_per_head].
+// tokens, the run columns in sc.side), m and l: [rows_per_head]. next_k: K rows to prefetch.
 void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& ch,
-                 const float* packed_h, const float* packed_tok_h, Scratch& sc, float* m,
-                 float* l) {
+                 const float* packed_h, const float* packed_tok_h, Scratch& sc, float* m, float* l,
+                 AttnPrefetch next_k) {
   const int rows = blk.rows_per_head;
   const int64_t c0 = ch.c0, c1 = ch.c1, tile_cols = ch.tile_cols;
   const float* k_h = c.k + h * c.s.head_dim;  // slot j's K row of head h at k_h + j * kv_stride
@@ -312,7 +350,7 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
   }
   if (tile_cols > 0) {
     c.kern.attn_scores(packed_h, rows, k_h + c0 * c.kv_stride, c.kv_stride, tile_cols, c.s.head_dim,
-                       scores, kChunk);
+                       scores, kChunk, next_k);
   }
   if (ch.runs) {
     for (int64_t t = 0; t < blk.n_tokens; ++t) {
@@ -321,7 +359,7 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
       for_run_pieces(c, i, c0, c1, [&](int64_t column, int64_t slot, int64_t count) {
         c.kern.attn_scores(packed_tok_h + t * c.packed_tok, c.group, k_h + slot * c.kv_stride,
                            c.kv_stride, count, c.s.head_dim, scores + t * c.group * kChunk + column,
-                           kChunk);
+                           kChunk, {});
       });
     }
   }
@@ -341,9 +379,10 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
   }
 }
 
-// Second half: a = Σ p·v of the chunk from zero, a: [rows_per_head, head_dim].
+// Second half: a = Σ p·v of the chunk from zero, a: [rows_per_head, head_dim]. next_v: V rows to
+// prefetch.
 void chunk_sums(const AttentionCall& c, const Block& blk, int h, const Chunk& ch, Scratch& sc,
-                float* a) {
+                float* a, AttnPrefetch next_v) {
   const int64_t hd = c.s.head_dim;
   const int rows = blk.rows_per_head;
   const int64_t c0 = ch.c0, c1 = ch.c1, tile_cols = ch.tile_cols;
@@ -351,7 +390,7 @@ void chunk_sums(const AttentionCall& c, const Block& blk, int h, const Chunk& ch
   std::fill_n(a, rows * hd, 0.0f);
   if (tile_cols > 0) {
     c.kern.attn_accumulate(sc.scores.data(), kChunk, rows, v_h + c0 * c.kv_stride, c.kv_stride,
-                           tile_cols, c.s.head_dim, a);
+                           tile_cols, c.s.head_dim, a, next_v);
   }
   if (!ch.runs) return;
   for (int64_t t = 0; t < blk.n_tokens; ++t) {
@@ -360,7 +399,7 @@ void chunk_sums(const AttentionCall& c, const Block& blk, int h, const Chunk& ch
     for_run_pieces(c, i, c0, c1, [&](int64_t column, int64_t slot, int64_t count) {
       c.kern.attn_accumulate(sc.side.data() + t * c.group * kChunk + column, kChunk, c.group,
                              v_h + slot * c.kv_stride, c.kv_stride, count, c.s.head_dim,
-                             a + t * c.group * hd);
+                             a + t * c.group * hd, {});
     });
   }
 }
@@ -396,21 +435,21 @@ void reset_state(int64_t n, int64_t hd, float* big_m, float* big_l, float* big_a
 
 // Chunk ch of KV head h merged into the running state of the head's rows (big_m_h, big_l_h:
 // [rows_per_head], big_a_h: [rows_per_head, head_dim]); the Σ p·v is fused with the merge unless
-// the chunk has runs.
+// the chunk has runs. next: what to prefetch meanwhile.
 void merge_chunk(const AttentionCall& c, const Block& blk, int h, const Chunk& ch,
                  const float* packed_h, const float* packed_tok_h, Scratch& sc, float* big_m_h,
-                 float* big_l_h, float* big_a_h) {
+                 float* big_l_h, float* big_a_h, const NextRows& next) {
   const int rows = blk.rows_per_head;
   float* ml = grow(&sc.ml, 4 * rows);  // [4, rows] m, l, wo, wn of the chunk
-  chunk_probs(c, blk, h, ch, packed_h, packed_tok_h, sc, ml, ml + rows);
+  chunk_probs(c, blk, h, ch, packed_h, packed_tok_h, sc, ml, ml + rows, next.k);
   c.kern.attn_merge_weights(ml, ml + rows, rows, big_m_h, big_l_h, ml + 2 * rows, ml + 3 * rows);
   if (!ch.runs && ch.tile_cols > 0) {
-    c.kern.attn_accumulate_merge(sc.scores.data(), kChunk, rows,
-                                 c.v + ch.c0 * c.kv_stride + h * c.s.head_dim, c.kv_stride,
-                                 ch.tile_cols, c.s.head_dim, ml + 2 * rows, ml + 3 * rows, big_a_h);
+    c.kern.attn_accumulate_merge(
+        sc.scores.data(), kChunk, rows, c.v + ch.c0 * c.kv_stride + h * c.s.head_dim, c.kv_stride,
+        ch.tile_cols, c.s.head_dim, ml + 2 * rows, ml + 3 * rows, big_a_h, next.v);
   } else {
     float* a = grow(&sc.a, rows * c.s.head_dim);  // [rows, head_dim]
-    chunk_sums(c, blk, h, ch, sc, a);
+    chunk_sums(c, blk, h, ch, sc, a, next.v);
     c.kern.attn_merge_rows(a, rows, c.s.head_dim, ml + 2 * rows, ml + 3 * rows, big_a_h);
   }
 }
@@ -422,8 +461,7 @@ void pack_block(const AttentionCall& c, const Block& blk, Scratch& sc, float** p
   *packed = grow(&sc.packed, c.s.n_kv_heads * c.packed_q);
   *packed_tok = grow(&sc.packed_tok, c.s.n_kv_heads * blk.n_tokens * c.packed_tok);
   for (int h = 0; h < c.s.n_kv_heads; ++h) {
-    pack_head(c, blk, h, sc, *packed + h * c.packed_q,
-              *packed_tok + h * blk.n_tokens * c.packed_tok);
+    pack_head(c, blk, h, *packed + h * c.packed_q, *packed_tok + h * blk.n_tokens * c.packed_tok);
   }
 }
 
@@ -446,7 +484,8 @@ void block_task(const AttentionCall& c, int64_t b) {
       const int64_t r0 = static_cast<int64_t>(h) * rows;
       merge_chunk(c, blk, h, ch, packed + h * c.packed_q,
                   packed_tok + h * blk.n_tokens * c.packed_tok, sc, big_ml + r0,
-                  big_ml + n_rows + r0, big_a + r0 * hd);
+                  big_ml + n_rows + r0, big_a + r0 * hd,
+                  chunk_part(c, blk, chunk + 1, h, c.s.n_kv_heads));
     }
   }
   write_rows(c, blk, 0, n_rows, big_ml + n_rows, big_a);
@@ -457,27 +496,69 @@ void run_task(const AttentionCall& c, int64_t k) {
   block_task(c, c.plan.n_blocks - 1 - k);
 }
 
-void barrier(BarrierSlot& slot, ThreadPool* pool, int thread_index, int num_threads) {
-  if (slot.arrived.fetch_add(1, std::memory_order_acq_rel) == num_threads - 1) {
-    slot.open.store(1, std::memory_order_release);
+void barrier(BlockSync& sync, ThreadPool* pool, int thread_index, int num_threads) {
+  if (sync.arrived.fetch_add(1, std::memory_order_acq_rel) == num_threads - 1) {
+    sync.open.store(1, std::memory_order_release);
   } else {
-    pool->wait_for_flag(slot.open, (thread_index + 1) % num_threads);
+    pool->wait_for_flag(sync.open, (thread_index + 1) % num_threads);
   }
 }
 
+// Thread `ti`'s claims of a block's units. Thread 0 takes units from the front, in order (it
+// merges them as it goes); the others take them from the back. With two threads, each first
+// takes kReservedShare of the units at its end without asking; every further claim counts
+// against the units in between first, so the two ends never overlap, and a thread that started
+// late or runs slowly simply takes fewer of them. (A claim moves a cache line between the cores,
+// hence the reserved shares; more threads claim every unit.)
+class UnitClaims {
+ public:
+  static constexpr int64_t kReservedShare = 25;  // percent
+
+  UnitClaims(BlockSync& sync, int ti, int nt, int64_t units)
+      : sync_(sync),
+        ti_(ti),
+        nt_(nt),
+        units_(units),
+        reserved_(nt == 2 ? units * kReservedShare / 100 : 0) {}
+
+  // The next unit (-1: none left).
+  int64_t next() {
+    if (taken_ >= reserved_ &&
+        sync_.claimed.fetch_add(1, std::memory_order_relaxed) >= units_ - 2 * reserved_) {
+      return -1;
+    }
+    if (ti_ == 0) return taken_++;
+    if (nt_ == 2) return units_ - 1 - taken_++;
+    ++taken_;
+    return units_ - 1 - sync_.back.fetch_add(1, std::memory_order_relaxed);
+  }
+  int64_t taken() const { return taken_; }
+
+ private:
+  BlockSync& sync_;
+  int ti_;
+  int nt_;
+  int64_t units_;
+  int64_t reserved_;
+  int64_t taken_ = 0;
+};
+
 // Thread `ti` of `nt` in a job where all threads work on each block in turn. A block's work is
-// n_chunks x n_kv_heads units (chunk-major: contiguous K/V), split into nt contiguous ranges.
-// Thread 0 merges its units as it goes (each head's leading chunks, in order) into a running
-// state in the shared buffers; the other threads store their chunk results there. Barrier; then
-// each thread takes a share of the rows, continues their merge over the stored chunks in order
-// and writes them out. The buffers are double-buffered by block parity (block b + 2 rewrites
-// them only after every thread passed block b + 1's barrier).
+// n_chunks x n_kv_heads units (chunk-major, so that the K/V rows of a chunk are read together),
+// claimed one at a time (UnitClaims): thread 0 takes them from the front and merges each into a
+// running state in the shared buffers as it goes; the others take them from the back and store
+// their chunk results there. While on a chunk, a thread has the kernels prefetch the next chunk
+// in its direction (chunk_part). Barrier; then each thread takes a share of the rows, continues
+// their merge over the stored chunks in order and writes them out.
+// The buffers are double-buffered by block parity (block b + 2 rewrites them only after every
+// thread passed block b + 1's barrier).
 void blocks_shared(const AttentionCall& c, SharedBuffers& shared, ThreadPool* pool, int ti, int nt,
                    int64_t max_chunks, int64_t max_rows) {
   Scratch& sc = thread_scratch();
   const int64_t hd = c.s.head_dim;
   const int n_kv = c.s.n_kv_heads;
   for (int64_t b = 0; b < c.plan.n_blocks; ++b) {
+    BlockSync& sync = shared.syncs[b];
     const Block blk = block_at(c, b);
     const int rows = blk.rows_per_head;
     const int64_t n_rows = blk.n_rows;
@@ -486,32 +567,38 @@ void blocks_shared(const AttentionCall& c, SharedBuffers& shared, ThreadPool* po
     float* state_ml = shared.state_ml.data() + (b % 2) * 2 * max_rows;  // [2, n_rows] M, L
     float* state_a = shared.state_a.data() + (b % 2) * max_rows * hd;   // [n_rows, hd]
     const int64_t units = blk.n_chunks * n_kv;
-    const int64_t u_begin = units * ti / nt;
-    const int64_t u_end = units * (ti + 1) / nt;
-    const int64_t u_first = units / nt;  // units [0, u_first) are thread 0's
     if (ti == 0) reset_state(n_rows, hd, state_ml, state_ml + n_rows, state_a);
-    if (u_begin < u_end) {
+    UnitClaims claims(sync, ti, nt, units);
+    int64_t u = claims.next();
+    if (u >= 0) {
       float *packed = nullptr, *packed_tok = nullptr;
       pack_block(c, blk, sc, &packed, &packed_tok);
-      Chunk ch = chunk_at(c, blk, u_begin / n_kv);
-      for (int64_t u = u_begin; u < u_end; ++u) {
-        const int64_t chunk = u / n_kv;
+      const int64_t step = ti == 0 ? 1 : -1;  // the direction this thread goes through the chunks
+      int64_t chunk = -1;
+      Chunk ch;
+      for (; u >= 0; u = claims.next()) {
+        if (u / n_kv != chunk) {
+          chunk = u / n_kv;
+          ch = chunk_at(c, blk, chunk);
+        }
         const int h = static_cast<int>(u % n_kv);
-        if (h == 0 && u != u_begin) ch = chunk_at(c, blk, chunk);
         const int64_t r0 = static_cast<int64_t>(h) * rows;
         const float* packed_h = packed + h * c.packed_q;
         const float* packed_tok_h = packed_tok + h * blk.n_tokens * c.packed_tok;
+        const NextRows next = chunk_part(c, blk, chunk + step, h, n_kv);
         if (ti == 0) {
           merge_chunk(c, blk, h, ch, packed_h, packed_tok_h, sc, state_ml + r0,
-                      state_ml + n_rows + r0, state_a + r0 * hd);
+                      state_ml + n_rows + r0, state_a + r0 * hd, next);
         } else {
           float* m = chunk_ml + chunk * 2 * n_rows;  // [2, n_rows]
-          chunk_probs(c, blk, h, ch, packed_h, packed_tok_h, sc, m + r0, m + n_rows + r0);
-          chunk_sums(c, blk, h, ch, sc, chunk_a + (chunk * n_rows + r0) * hd);
+          chunk_probs(c, blk, h, ch, packed_h, packed_tok_h, sc, m + r0, m + n_rows + r0, next.k);
+          chunk_sums(c, blk, h, ch, sc, chunk_a + (chunk * n_rows + r0) * hd, next.v);
         }
       }
     }
-    barrier(shared.barriers[b], pool, ti, nt);
+    if (ti == 0) sync.front.store(claims.taken(), std::memory_order_relaxed);
+    barrier(sync, pool, ti, nt);
+    const int64_t u_first = sync.front.load(std::memory_order_relaxed);  // thread 0's units
 
     // Rows [r_begin, r_end), by runs of one KV head: merged over the head's chunks from the first
     // one thread 0 did not do.
@@ -588,14 +675,11 @@ void attention_with(const OpsKernels& kern, const AttentionShape& s, const float
   grow(&shared.chunk_a, 2 * max_chunks * max_rows * s.head_dim);
   grow(&shared.state_ml, 2 * 2 * max_rows);
   grow(&shared.state_a, 2 * max_rows * s.head_dim);
-  if (shared.n_barriers < plan.n_blocks) {
-    shared.barriers = std::make_unique<BarrierSlot[]>(static_cast<size_t>(plan.n_blocks));
-    shared.n_barriers = plan.n_blocks;
+  if (shared.n_syncs < plan.n_blocks) {
+    shared.syncs = std::make_unique<BlockSync[]>(static_cast<size_t>(plan.n_blocks));
+    shared.n_syncs = plan.n_blocks;
   }
-  for (int64_t i = 0; i < plan.n_blocks; ++i) {
-    shared.barriers[i].arrived.store(0, std::memory_order_relaxed);
-    shared.barriers[i].open.store(0, std::memory_order_relaxed);
-  }
+  for (int64_t i = 0; i < plan.n_blocks; ++i) shared.syncs[i].reset();
   pool->run([&](int thread_index, int num_threads) {
     if (num_threads == 1) {  // the pool was busy and runs this inline
       for (int64_t t = 0; t < n_tasks; ++t) run_task(call, t);

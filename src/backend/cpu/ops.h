@@ -85,6 +85,47 @@ inline int64_t attn_packed_floats(int n_q, int head_dim) {
   return static_cast<int64_t>((n_q + 3) / 4 * 4) * ((head_dim + 3) / 4 * 4);
 }
 
+// Memory the caller reads next (say, the K or V rows of its next piece of attention work), for
+// an attention kernel to prefetch while it computes: a hint - the kernel never reads it, and its
+// results never depend on it. bytes = 0: nothing.
+struct AttnPrefetch {
+  const void* begin = nullptr;
+  int64_t bytes = 0;
+};
+
+// Issues the prefetches of a hint's cache lines spread over the `steps` steps of a kernel (an
+// equal share per step() call, the last ones possibly empty), into L2 (prefetcht1): the driver's
+// hints are used a few kernel calls later, after more data than L1 holds.
+class AttnPrefetchCursor {
+ public:
+  AttnPrefetchCursor(AttnPrefetch hint, int64_t steps) {
+    if (hint.bytes <= 0 || steps <= 0) return;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(hint.begin);
+    const uintptr_t first = begin & ~uintptr_t{63};
+    const uintptr_t last = begin + static_cast<uintptr_t>(hint.bytes);
+    next_ = reinterpret_cast<const char*>(first);
+    end_ = reinterpret_cast<const char*>(last);
+    const int64_t lines = static_cast<int64_t>((last - first + 63) / 64);
+    per_step_ = static_cast<int>((lines + steps - 1) / steps);
+  }
+  // Always inlined: GCC deems a function whose only effect is __builtin_prefetch pure and drops
+  // the calls to it.
+  [[gnu::always_inline]] void step() {
+    for (int i = 0; i < per_step_ && next_ < end_; ++i, next_ += 64) {
+      __builtin_prefetch(next_, 0, 2);
+    }
+  }
+  // Whatever is left (a kernel that made fewer steps than it planned).
+  [[gnu::always_inline]] void rest() {
+    for (; next_ < end_; next_ += 64) __builtin_prefetch(next_, 0, 2);
+  }
+
+ private:
+  const char* next_ = nullptr;
+  const char* end_ = nullptr;
+  int per_step_ = 0;
+};
+
 // Per-variant kernels behind the entry points above: ops.cpp dispatches on the Isa to one of
 // these tables (ops_ref.cpp, ops_avx2.cpp, ops_avx512.cpp), attention_driver.cpp owns the
 // attention driver (threading, masks, scratch); the tables hold only the inner loops. Not for
@@ -109,14 +150,17 @@ struct OpsKernels {
   float (*exp_shifted_sum)(float* x, int64_t n, float max);
   // x[i] *= a.
   void (*scale)(float* x, int64_t n, float a);
-  // packed = the variant's form of q·mult, q: [n_q, head_dim];
-  // packed: [attn_packed_floats(n_q, head_dim)].
-  void (*attn_pack_q)(const float* q, int n_q, int head_dim, float mult, float* packed);
+  // packed = the variant's form of q·mult for n_q rows of head_dim floats that come in runs of
+  // run_rows consecutive rows, run_stride floats from run to run: row r at
+  // q + (r / run_rows) * run_stride + (r % run_rows) * head_dim (so the rows of a KV head's query
+  // heads over several tokens pack without a copy). packed: [attn_packed_floats(n_q, head_dim)].
+  void (*attn_pack_q)(const float* q, int n_q, int run_rows, int64_t run_stride, int head_dim,
+                      float mult, float* packed);
   // s[r * ld_s + j] = <q[r], k[j * k_stride ..]>   packed q of n_q rows, j < n_rows.
   // Each score must come out bitwise the same whatever n_q, n_rows, r and j are (one fixed
-  // instruction sequence per dot product).
+  // instruction sequence per dot product). `next`: memory to prefetch meanwhile.
   void (*attn_scores)(const float* packed_q, int n_q, const float* k, int64_t k_stride,
-                      int64_t n_rows, int head_dim, float* s, int64_t ld_s);
+                      int64_t n_rows, int head_dim, float* s, int64_t ld_s, AttnPrefetch next);
   // Row r of s (kAttnChunk columns): n = n_valid[r] (0..kAttnChunk) scores are valid.
   // m[r] = max of them, s[r, j] = 2^(s[r, j] - m[r]) for j < n and 0 for n <= j < kAttnChunk,
   // l[r] = Σ_j s[r, j] summed in a fixed order over the kAttnChunk columns (so the zeros past n
@@ -126,9 +170,9 @@ struct OpsKernels {
   // out[r] += Σ_j p[r * ld_p + j] * v[j * v_stride ..]   out: [n_q, head_dim], j < n_rows.
   // Each output element must be updated once per j, in order j = 0, 1, .., from its current
   // value, p and v alone (no state carried within a call), so splitting the rows over calls
-  // changes nothing, and a step with p = 0 leaves it unchanged.
+  // changes nothing, and a step with p = 0 leaves it unchanged. `next`: memory to prefetch.
   void (*attn_accumulate)(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                          int64_t n_rows, int head_dim, float* out);
+                          int64_t n_rows, int head_dim, float* out, AttnPrefetch next);
   // The merge of a chunk into the running state (M, L, A), which starts at (-inf, 0, 0), in two
   // steps. attn_merge_weights, for each row r with m[r] > -inf: M' = max(M[r], m[r]),
   // wo[r] = 2^(M[r] - M'), wn[r] = 2^(m[r] - M'), L[r] = L[r]·wo[r] + l[r]·wn[r], M[r] = M';
@@ -145,7 +189,7 @@ struct OpsKernels {
   // big_a[r] = big_a[r]·wo[r] + a[r]·wn[r] as attn_merge_rows.   big_a: [n_q, head_dim].
   void (*attn_accumulate_merge)(const float* p, int64_t ld_p, int n_q, const float* v,
                                 int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
-                                const float* wn, float* big_a);
+                                const float* wn, float* big_a, AttnPrefetch next);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)

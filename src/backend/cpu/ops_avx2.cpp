@@ -197,13 +197,14 @@ void scale_avx2(float* x, int64_t n, float a) {
 // block a K row falls in or on the other query rows of the call (see attention_driver.cpp).
 template <int R>
 void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float* s, int64_t ld_s) {
+                  float* s, int64_t ld_s, AttnPrefetchCursor& pf) {
   const int d_vec = head_dim / kLanes * kLanes;
   const float* q0 = q;  // [head_dim] each
   const float* q1 = q + (R > 1 ? head_dim : 0);
   const float* q2 = q + (R > 2 ? 2 * head_dim : 0);
   const float* q3 = q + (R > 3 ? 3 * head_dim : 0);
   for (int64_t j = 0; j < n_rows; ++j) {
+    pf.step();
     const float* kj = k + j * k_stride;  // [head_dim]
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int d = 0; d < d_vec; d += kLanes) {
@@ -227,12 +228,13 @@ void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_ro
 // one hsum4 gives a query's 4 scores.
 template <int R>
 void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_blocks, int head_dim,
-                  float* s, int64_t ld_s) {
+                  float* s, int64_t ld_s, AttnPrefetchCursor& pf) {
   static_assert(R == 1 || R == 2);
   const int d_vec = head_dim / kLanes * kLanes;
   const float* q0 = q;  // [head_dim] each
   const float* q1 = q + (R > 1 ? head_dim : 0);
   for (int64_t b = 0; b < n_blocks; ++b) {
+    pf.step();
     const float* k0 = k + 4 * b * k_stride;  // [head_dim] each
     const float* k1 = k0 + k_stride;
     const float* k2 = k1 + k_stride;
@@ -275,32 +277,40 @@ void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_bl
   }
 }
 
+// Each block of 4 K rows and each leftover K row is a step of the prefetch cursor.
 template <int R>
 void scores_block(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float* s, int64_t ld_s) {
+                  float* s, int64_t ld_s, AttnPrefetchCursor& pf) {
   const int64_t n_blocks = n_rows / 4;
-  scores_rows4<R>(q, k, k_stride, n_blocks, head_dim, s, ld_s);
+  scores_rows4<R>(q, k, k_stride, n_blocks, head_dim, s, ld_s, pf);
   const int64_t j = 4 * n_blocks;
   if (j < n_rows) {
-    scores_rows1<R>(q, k + j * k_stride, k_stride, n_rows - j, head_dim, s + j, ld_s);
+    scores_rows1<R>(q, k + j * k_stride, k_stride, n_rows - j, head_dim, s + j, ld_s, pf);
   }
 }
 
+// One pass over the K rows per two query rows.
 void attn_scores_avx2(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                      int head_dim, float* s, int64_t ld_s) {
+                      int head_dim, float* s, int64_t ld_s, AttnPrefetch next) {
+  AttnPrefetchCursor pf(next, (n_q + 1) / 2 * (n_rows / 4 + n_rows % 4));
   int r = 0;
   for (; r + 2 <= n_q; r += 2) {
-    scores_block<2>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s);
+    scores_block<2>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s, pf);
   }
   if (r < n_q) {
-    scores_block<1>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s);
+    scores_block<1>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s, pf);
   }
+  pf.rest();
 }
 
 // The packed form is q·mult, row-major.
-void attn_pack_q_avx2(const float* q, int n_q, int head_dim, float mult, float* packed) {
-  const int64_t n = static_cast<int64_t>(n_q) * head_dim;
-  for (int64_t i = 0; i < n; ++i) packed[i] = q[i] * mult;
+void attn_pack_q_avx2(const float* q, int n_q, int run_rows, int64_t run_stride, int head_dim,
+                      float mult, float* packed) {
+  for (int r = 0; r < n_q; ++r) {
+    const float* qr = q + r / run_rows * run_stride + static_cast<int64_t>(r % run_rows) * head_dim;
+    float* pr = packed + static_cast<int64_t>(r) * head_dim;  // [head_dim]
+    for (int d = 0; d < head_dim; ++d) pr[d] = qr[d] * mult;
+  }
 }
 
 // A row of kAttnChunk = 64 columns is eight 8-lane vectors; l = hsum of the pairwise tree
@@ -393,7 +403,7 @@ void attn_merge_rows_avx2(const float* a, int n_q, int head_dim, const float* wo
 template <int R, bool kMasked, bool kMerge>
 void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, __m256i m0, __m256i m1, const float* wo, const float* wn,
-                     float* out) {
+                     float* out, AttnPrefetchCursor& pf) {
   auto load = [](const float* x, __m256i m) {
     if constexpr (kMasked) return _mm256_maskload_ps(x, m);
     return _mm256_loadu_ps(x);
@@ -431,6 +441,7 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
   if constexpr (R > 2) a20 = start(o2, m0), a21 = start(o2 + kLanes, m1);
   if constexpr (R > 3) a30 = start(o3, m0), a31 = start(o3 + kLanes, m1);
   for (int64_t j = 0; j < n_rows; ++j) {
+    pf.step();
     const float* vj = v + j * v_stride;
     const __m256 v0 = load(vj, m0);
     const __m256 v1 = load(vj + kLanes, m1);
@@ -459,59 +470,66 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
   if constexpr (R > 3) finish(o3, m0, a30, 3), finish(o3 + kLanes, m1, a31, 3);
 }
 
+// Rows r0 .. r0 + R - 1 of the call: one pass per 16 dims.
 template <int R, bool kMerge>
 void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, const float* wo, const float* wn, float* out) {
+                     int head_dim, const float* wo, const float* wn, float* out,
+                     AttnPrefetchCursor& pf) {
   const __m256i all = tail_mask(kLanes);
   int d = 0;
   for (; d + 2 * kLanes <= head_dim; d += 2 * kLanes) {
     accumulate_pass<R, false, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, all, all, wo, wn,
-                                      out + d);
+                                      out + d, pf);
   }
   if (d < head_dim) {
     const int rem = head_dim - d;  // 1..15
     const __m256i m0 = tail_mask(rem < kLanes ? rem : kLanes);
     const __m256i m1 = tail_mask(rem > kLanes ? rem - kLanes : 0);
     accumulate_pass<R, true, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, m0, m1, wo, wn,
-                                     out + d);
+                                     out + d, pf);
   }
 }
 
+// Each V row step of each pass is a step of the prefetch cursor.
 template <bool kMerge>
 void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                    int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out) {
+                    int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out,
+                    AttnPrefetch next) {
+  const int passes = (n_q + 3) / 4 * ((head_dim + 2 * kLanes - 1) / (2 * kLanes));
+  AttnPrefetchCursor pf(next, passes * n_rows);
   int r = 0;
   auto w = [&r](const float* x) { return kMerge ? x + r : x; };  // row r's weights
   for (; r + 4 <= n_q; r += 4) {
     accumulate_rows<4, kMerge>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
-                               out + r * head_dim);
+                               out + r * head_dim, pf);
   }
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
     case 3:
-      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     case 2:
-      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     case 1:
-      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     default:
       break;
   }
+  pf.rest();
 }
 
 void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                          int64_t n_rows, int head_dim, float* out) {
-  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out);
+                          int64_t n_rows, int head_dim, float* out, AttnPrefetch next) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
 }
 
 void attn_accumulate_merge_avx2(const float* p, int64_t ld_p, int n_q, const float* v,
                                 int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
-                                const float* wn, float* big_a) {
-  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a);
+                                const float* wn, float* big_a, AttnPrefetch next) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
 }  // namespace

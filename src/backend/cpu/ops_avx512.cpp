@@ -44,11 +44,13 @@ inline __m512 exp_ps(__m512 x) {
 // 2^x for the attention softmax and merge, where x <= 0: x clamps to -125 (so the result stays a
 // normal number: an underflow would cost a microcode assist; 2^-125 stands in for anything
 // smaller, -inf and NaN included), x = n + f with n = round(x), f in [-1/2, 1/2] exact, a
-// degree-6 polynomial for 2^f (relative error below 1e-7), 2^n applied with vscalefps.
-inline __m512 exp2_nonpositive(__m512 x_in) {
+// degree-6 polynomial for 2^f (relative error below 1e-7), 2^n applied with vscalefps; the
+// _maskz form gives 0 in the lanes outside `keep`.
+inline __m512 exp2_nonpositive_maskz(__mmask16 keep, __m512 x_in) {
   const __m512 x = _mm512_max_ps(x_in, _mm512_set1_ps(-125.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
+  // f = x - round(x) in one vreduceps (exact), then n = x - f = round(x) exactly.
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n = _mm512_sub_ps(x, f);
   __m512 y = _mm512_set1_ps(1.5370704932e-4f);
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3399848249e-3f));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6183735877e-3f));
@@ -56,7 +58,11 @@ inline __m512 exp2_nonpositive(__m512 x_in) {
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022647738e-1f));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718246e-1f));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
+  return _mm512_maskz_scalef_ps(keep, y, n);
+}
+
+inline __m512 exp2_nonpositive(__m512 x_in) {
+  return exp2_nonpositive_maskz(static_cast<__mmask16>(0xffff), x_in);
 }
 
 void rmsnorm_avx512(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,
@@ -174,23 +180,28 @@ inline __m512 mul16(__m512 mult, const float* x) {
   return _mm512_mul_ps(mult, _mm512_loadu_ps(x));
 }
 
-// q rows [n_q, head_dim] times mult, packed by groups of 4 rows:
-// packed[(g * steps + m) * 16 + r * 4 + p] = q[4g + r][4m + p] * mult, zero past n_q and
-// head_dim; steps = ceil(head_dim / 4).
-void pack_query_groups(const float* q, int n_q, int head_dim, float mult, float* packed) {
+// q rows (row r at q + (r / run_rows) * run_stride + (r % run_rows) * head_dim) times mult,
+// packed by groups of 4 rows: packed[(g * steps + m) * 16 + r * 4 + p] = q[4g + r][4m + p] * mult,
+// zero past n_q and head_dim; steps = ceil(head_dim / 4).
+void pack_query_groups(const float* q, int n_q, int run_rows, int64_t run_stride, int head_dim,
+                       float mult, float* packed) {
   const __m512 mult16 = _mm512_set1_ps(mult);
   const int steps = (head_dim + 3) / 4;
   for (int g = 0; 4 * g < n_q; ++g) {
     const int rows = n_q - 4 * g < 4 ? n_q - 4 * g : 4;
-    const float* q0 = q + static_cast<int64_t>(4 * g) * head_dim;  // [rows, head_dim]
-    float* pg = packed + static_cast<int64_t>(g) * steps * 16;     // [steps, 16]
+    const float* qr[4];  // [head_dim] each
+    for (int r = 0; r < rows; ++r) {
+      const int row = 4 * g + r;
+      qr[r] = q + row / run_rows * run_stride + static_cast<int64_t>(row % run_rows) * head_dim;
+    }
+    float* pg = packed + static_cast<int64_t>(g) * steps * 16;  // [steps, 16]
     int m = 0;
     if (rows == 4) {
       for (; 4 * m + 16 <= head_dim; m += 4) {  // a 4x4 transpose of 128-bit quads
-        const __m512 r0 = mul16(mult16, q0 + 4 * m);
-        const __m512 r1 = mul16(mult16, q0 + head_dim + 4 * m);
-        const __m512 r2 = mul16(mult16, q0 + 2 * head_dim + 4 * m);
-        const __m512 r3 = mul16(mult16, q0 + 3 * head_dim + 4 * m);
+        const __m512 r0 = mul16(mult16, qr[0] + 4 * m);
+        const __m512 r1 = mul16(mult16, qr[1] + 4 * m);
+        const __m512 r2 = mul16(mult16, qr[2] + 4 * m);
+        const __m512 r3 = mul16(mult16, qr[3] + 4 * m);
         const __m512 t0 = _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(1, 0, 1, 0));
         const __m512 t1 = _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(3, 2, 3, 2));
         const __m512 t2 = _mm512_shuffle_f32x4(r2, r3, _MM_SHUFFLE(1, 0, 1, 0));
@@ -205,10 +216,9 @@ void pack_query_groups(const float* q, int n_q, int head_dim, float mult, float*
       const int n = head_dim - 4 * m < 4 ? head_dim - 4 * m : 4;
       const __mmask8 dims = static_cast<__mmask8>((1u << n) - 1u);
       for (int r = 0; r < 4; ++r) {
-        const float* qr = q0 + static_cast<int64_t>(r) * head_dim + 4 * m;
-        const __m128 x =
-            r < rows ? _mm_mul_ps(_mm512_castps512_ps128(mult16), _mm_maskz_loadu_ps(dims, qr))
-                     : _mm_setzero_ps();
+        const __m128 x = r < rows ? _mm_mul_ps(_mm512_castps512_ps128(mult16),
+                                               _mm_maskz_loadu_ps(dims, qr[r] + 4 * m))
+                                  : _mm_setzero_ps();
         _mm_storeu_ps(pg + m * 16 + r * 4, x);
       }
     }
@@ -288,13 +298,18 @@ void scores_block(const float* packed, int steps, const float* k, int64_t k_stri
   }
 }
 
+// The K rows [0, n_rows) against G row groups, by blocks of 8 rows; each block is one step of the
+// prefetch cursor.
 template <int G>
 void scores_groups(const float* packed, int steps, const float* k, int64_t k_stride, int64_t n_rows,
-                   int head_dim, const int rows[3], float* s, int64_t ld_s) {
+                   int head_dim, const int rows[3], float* s, int64_t ld_s,
+                   AttnPrefetchCursor& pf) {
   int64_t j = 0;
   for (; j + 8 <= n_rows; j += 8) {
+    pf.step();
     scores_block<G, 8>(packed, steps, k + j * k_stride, k_stride, head_dim, rows, s + j, ld_s);
   }
+  if (j < n_rows) pf.step();
   const float* kj = k + j * k_stride;
   float* sj = s + j;
   switch (n_rows - j) {
@@ -324,25 +339,33 @@ void scores_groups(const float* packed, int steps, const float* k, int64_t k_str
   }
 }
 
-void attn_pack_q_avx512(const float* q, int n_q, int head_dim, float mult, float* packed) {
-  pack_query_groups(q, n_q, head_dim, mult, packed);
+void attn_pack_q_avx512(const float* q, int n_q, int run_rows, int64_t run_stride, int head_dim,
+                        float mult, float* packed) {
+  pack_query_groups(q, n_q, run_rows, run_stride, head_dim, mult, packed);
 }
 
 // K rows per pass over the row groups: a tile of one head's K stays in L1 while every group
 // uses it.
 constexpr int64_t kScoreTileRows = 64;
 
+// Row groups of a pass over a K tile: by threes (the last two or four by twos: 3 + 1 would leave
+// a lone group).
+inline int groups_in_pass(int left) {
+  return left == 4 || left == 2 ? 2 : left == 1 ? 1 : 3;
+}
+
 void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_stride,
-                        int64_t n_rows, int head_dim, float* s, int64_t ld_s) {
+                        int64_t n_rows, int head_dim, float* s, int64_t ld_s, AttnPrefetch next) {
   const int steps = (head_dim + 3) / 4;
   const int n_groups = (n_q + 3) / 4;
+  int passes = 0;
+  for (int g = 0; g < n_groups; g += groups_in_pass(n_groups - g)) ++passes;
+  AttnPrefetchCursor pf(next, passes * ((n_rows + 7) / 8));
   for (int64_t j = 0; j < n_rows; j += kScoreTileRows) {
     const int64_t n = n_rows - j < kScoreTileRows ? n_rows - j : kScoreTileRows;
     int g = 0;
-    // Groups by threes (the last two or four by twos: 3 + 1 would leave a lone group).
     while (g < n_groups) {
-      const int left = n_groups - g;
-      const int take = left == 4 || left == 2 ? 2 : left == 1 ? 1 : 3;
+      const int take = groups_in_pass(n_groups - g);
       int rows[3];
       for (int u = 0; u < 3; ++u) {
         const int rem = n_q - 4 * (g + u);
@@ -352,51 +375,90 @@ void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_
       const float* kj = k + j * k_stride;
       float* sg = s + 4 * g * ld_s + j;
       if (take == 3) {
-        scores_groups<3>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s);
+        scores_groups<3>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s, pf);
       } else if (take == 2) {
-        scores_groups<2>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s);
+        scores_groups<2>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s, pf);
       } else {
-        scores_groups<1>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s);
+        scores_groups<1>(pg, steps, kj, k_stride, n, head_dim, rows, sg, ld_s, pf);
       }
       g += take;
     }
   }
+  pf.rest();
 }
 
 // --- attention chunk softmax and merge ------------------------------------------------------
 // A row of kAttnChunk = 64 columns is four 16-lane vectors; l = reduce_add((e0 + e1) + (e2 + e3)).
+// Rows go by fours: their max and sum reductions share the shuffles.
 static_assert(kAttnChunk == 4 * kLanes, "the chunk softmax assumes 64-column chunks");
+
+// Tree reduction of four rows' vectors at once, each row in the order of _mm512_reduce_*_ps:
+// lanes (i, i + 8), then (i, i + 4), (i, i + 2), (i, i + 1). Returns row k's result in all four
+// lanes of 128-bit lane k. A row's result does not depend on the other three.
+template <class Op>
+inline __m512 reduce_rows4(__m512 a, __m512 b, __m512 c, __m512 d, Op op) {
+  const __m512 ab = op(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 cd = op(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 t4 = op(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 t2 = op(t4, _mm512_permute_ps(t4, _MM_SHUFFLE(1, 0, 3, 2)));
+  return op(t2, _mm512_permute_ps(t2, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+// Rows r0 .. r0 + n - 1 (n = 1..4) of the chunk softmax; missing rows are all -inf and discarded.
+inline void chunk_softmax_rows4(float* s, int64_t ld_s, int r0, int n, const int32_t* n_valid,
+                                float* m, float* l) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  __mmask16 valid[4][4];
+  __m512 x[4][4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const int nv = k < n ? n_valid[r0 + k] : 0;
+    const float* row = s + (r0 + k) * ld_s;  // [64]
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const int rem = nv - c * kLanes;
+      valid[k][c] = rem >= kLanes ? static_cast<__mmask16>(0xffff) : rem <= 0 ? 0 : tail_mask(rem);
+      x[k][c] = _mm512_mask_loadu_ps(neg_inf, valid[k][c], row + c * kLanes);
+    }
+  }
+  auto max_op = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
+  auto add_op = [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); };
+  __m512 mx[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    mx[k] = _mm512_max_ps(_mm512_max_ps(x[k][0], x[k][1]), _mm512_max_ps(x[k][2], x[k][3]));
+  }
+  const __m512 maxes = reduce_rows4(mx[0], mx[1], mx[2], mx[3], max_op);
+  // max_k[k]: row k's max in all lanes.
+  const __m512 max_k[4] = {
+      _mm512_shuffle_f32x4(maxes, maxes, 0x00), _mm512_shuffle_f32x4(maxes, maxes, 0x55),
+      _mm512_shuffle_f32x4(maxes, maxes, 0xaa), _mm512_shuffle_f32x4(maxes, maxes, 0xff)};
+  __m512 sum[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    float* row = s + (r0 + k) * ld_s;  // [64]
+    __m512 e[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      e[c] = exp2_nonpositive_maskz(valid[k][c], _mm512_sub_ps(x[k][c], max_k[k]));
+      if (k < n) _mm512_storeu_ps(row + c * kLanes, e[c]);
+    }
+    sum[k] = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
+  }
+  const __m512 sums = reduce_rows4(sum[0], sum[1], sum[2], sum[3], add_op);
+  const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __mmask16 rows = tail_mask(n);
+  _mm512_mask_storeu_ps(m + r0, rows, _mm512_permutexvar_ps(pick, maxes));
+  _mm512_mask_storeu_ps(l + r0, rows, _mm512_permutexvar_ps(pick, sums));
+}
 
 void attn_chunk_softmax_avx512(float* s, int64_t ld_s, int n_q, const int32_t* n_valid, float* m,
                                float* l) {
-  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-  for (int r = 0; r < n_q; ++r) {
-    float* row = s + r * ld_s;  // [64]
-    const int n = n_valid[r];
-    if (n == 0) {
-      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(row + c * kLanes, _mm512_setzero_ps());
-      m[r] = -INFINITY;
-      l[r] = 0.0f;
-      continue;
-    }
-    __mmask16 valid[4];
-    __m512 x[4];
-    for (int c = 0; c < 4; ++c) {
-      const int rem = n - c * kLanes;
-      valid[c] = rem >= kLanes ? static_cast<__mmask16>(0xffff) : rem <= 0 ? 0 : tail_mask(rem);
-      x[c] = _mm512_mask_loadu_ps(neg_inf, valid[c], row + c * kLanes);
-    }
-    const float max =
-        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3])));
-    const __m512 max16 = _mm512_set1_ps(max);
-    __m512 e[4];
-    for (int c = 0; c < 4; ++c) {
-      e[c] = _mm512_maskz_mov_ps(valid[c], exp2_nonpositive(_mm512_sub_ps(x[c], max16)));
-      _mm512_storeu_ps(row + c * kLanes, e[c]);
-    }
-    m[r] = max;
-    l[r] =
-        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3])));
+  for (int r = 0; r < n_q; r += 4) {
+    chunk_softmax_rows4(s, ld_s, r, n_q - r < 4 ? n_q - r : 4, n_valid, m, l);
   }
 }
 
@@ -455,7 +517,7 @@ void attn_merge_rows_avx512(const float* a, int n_q, int head_dim, const float* 
 template <int R, bool kMerge>
 void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, const __mmask16 m[4], const float* wo, const float* wn,
-                     float* out) {
+                     float* out, AttnPrefetchCursor& pf) {
   __m512 acc[R][4];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
@@ -466,6 +528,7 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
     }
   }
   for (int64_t j = 0; j < n_rows; ++j) {
+    pf.step();
     const float* vj = v + j * v_stride;  // [64] of this pass
     __m512 vv[4];
 #pragma GCC unroll 4
@@ -497,60 +560,67 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
   }
 }
 
+// Rows r0 .. r0 + R - 1 of the call: one pass per 64 dims.
 template <int R, bool kMerge>
 void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, const float* wo, const float* wn, float* out) {
+                     int head_dim, const float* wo, const float* wn, float* out,
+                     AttnPrefetchCursor& pf) {
   for (int d = 0; d < head_dim; d += 4 * kLanes) {
     __mmask16 m[4];
     for (int c = 0; c < 4; ++c) {
       const int rem = head_dim - d - c * kLanes;
       m[c] = tail_mask(rem <= 0 ? 0 : rem < kLanes ? rem : kLanes);
     }
-    accumulate_pass<R, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, m, wo, wn, out + d);
+    accumulate_pass<R, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, m, wo, wn, out + d, pf);
   }
 }
 
+// Each V row step of each pass is a step of the prefetch cursor.
 template <bool kMerge>
 void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                    int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out) {
+                    int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out,
+                    AttnPrefetch next) {
+  const int passes = (n_q + 5) / 6 * ((head_dim + 4 * kLanes - 1) / (4 * kLanes));
+  AttnPrefetchCursor pf(next, passes * n_rows);
   int r = 0;
   auto w = [&r](const float* x) { return kMerge ? x + r : x; };  // row r's weights
   for (; r + 6 <= n_q; r += 6) {
     accumulate_rows<6, kMerge>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
-                               out + r * head_dim);
+                               out + r * head_dim, pf);
   }
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
     case 5:
-      accumulate_rows<5, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<5, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     case 4:
-      accumulate_rows<4, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<4, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     case 3:
-      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     case 2:
-      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     case 1:
-      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r);
+      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
       break;
     default:
       break;
   }
+  pf.rest();
 }
 
 void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                            int64_t n_rows, int head_dim, float* out) {
-  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out);
+                            int64_t n_rows, int head_dim, float* out, AttnPrefetch next) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
 }
 
 void attn_accumulate_merge_avx512(const float* p, int64_t ld_p, int n_q, const float* v,
                                   int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
-                                  const float* wn, float* big_a) {
-  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a);
+                                  const float* wn, float* big_a, AttnPrefetch next) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
 }  // namespace

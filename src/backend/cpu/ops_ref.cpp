@@ -54,13 +54,18 @@ void scale_ref(float* x, int64_t n, float a) {
 }
 
 // The packed form is q·mult, row-major.
-void attn_pack_q_ref(const float* q, int n_q, int head_dim, float mult, float* packed) {
-  const int64_t n = static_cast<int64_t>(n_q) * head_dim;
-  for (int64_t i = 0; i < n; ++i) packed[i] = q[i] * mult;
+void attn_pack_q_ref(const float* q, int n_q, int run_rows, int64_t run_stride, int head_dim,
+                     float mult, float* packed) {
+  for (int r = 0; r < n_q; ++r) {
+    const float* qr = q + r / run_rows * run_stride + static_cast<int64_t>(r % run_rows) * head_dim;
+    float* pr = packed + static_cast<int64_t>(r) * head_dim;  // [head_dim]
+    for (int d = 0; d < head_dim; ++d) pr[d] = qr[d] * mult;
+  }
 }
 
+// The reference ignores the prefetch hints.
 void attn_scores_ref(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
-                     int head_dim, float* s, int64_t ld_s) {
+                     int head_dim, float* s, int64_t ld_s, AttnPrefetch /*next*/) {
   for (int r = 0; r < n_q; ++r) {
     const float* qr = q + static_cast<int64_t>(r) * head_dim;  // [head_dim]
     for (int64_t j = 0; j < n_rows; ++j) {
@@ -96,7 +101,7 @@ void attn_chunk_softmax_ref(float* s, int64_t ld_s, int n_q, const int32_t* n_va
 }
 
 void attn_accumulate_ref(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
-                         int64_t n_rows, int head_dim, float* out) {
+                         int64_t n_rows, int head_dim, float* out, AttnPrefetch /*next*/) {
   for (int r = 0; r < n_q; ++r) {
     float* out_r = out + static_cast<int64_t>(r) * head_dim;  // [head_dim]
     for (int64_t j = 0; j < n_rows; ++j) {
@@ -135,12 +140,12 @@ void attn_merge_rows_ref(const float* a, int n_q, int head_dim, const float* wo,
 // The two kernels above, row by row through a zeroed row of scratch (the same arithmetic).
 void attn_accumulate_merge_ref(const float* p, int64_t ld_p, int n_q, const float* v,
                                int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
-                               const float* wn, float* big_a) {
+                               const float* wn, float* big_a, AttnPrefetch /*next*/) {
   thread_local std::vector<float> a;  // [head_dim]; grows to the largest call and is kept
   if (a.size() < static_cast<size_t>(head_dim)) a.resize(static_cast<size_t>(head_dim));
   for (int r = 0; r < n_q; ++r) {
     std::fill_n(a.data(), head_dim, 0.0f);
-    attn_accumulate_ref(p + r * ld_p, ld_p, 1, v, v_stride, n_rows, head_dim, a.data());
+    attn_accumulate_ref(p + r * ld_p, ld_p, 1, v, v_stride, n_rows, head_dim, a.data(), {});
     attn_merge_rows_ref(a.data(), 1, head_dim, wo + r, wn + r,
                         big_a + static_cast<int64_t>(r) * head_dim);
   }
