@@ -213,6 +213,12 @@ template <GgmlType T>
 void blocks_range(const WeightMatrix& w, const Acts& a, int64_t n, float* y, int64_t blk0,
                   int64_t blk1) {
   const int64_t bb = w.packed_block_bytes;
+  // The loop prefetches two blocks ahead; start the second block's lines now so that the
+  // stream does not wait for it (the first is demand-loaded right away).
+  if (blk0 + 1 < blk1) {
+    const char* second = reinterpret_cast<const char*>(w.packed + (blk0 + 1) * bb);
+    for (int64_t at = 0; at < bb; at += 64) _mm_prefetch(second + at, _MM_HINT_T0);
+  }
   for (int64_t k = blk0; k < blk1; ++k) {
     const uint8_t* blk = w.packed + k * bb;
     const uint8_t* pf = k + 2 < blk1 ? blk + 2 * bb : nullptr;
