@@ -84,9 +84,14 @@ void DraftLengthController::record(int drafted, int accepted, double draft_secon
   // understate long drafts.
   const int depth = draft_depth > 0 ? draft_depth : drafted;
   const int tried = std::min(accepted + 1, depth);
+  // The first observations of a depth are averaged with the optimistic prior (counted as one
+  // observation) rather than blended at the EMA weight, so that a sequence where nothing is
+  // accepted stops speculating after a few steps, not after ~15.
   for (int i = 1; i <= tried; ++i) {
-    double& a = depth_accept_[std::min(i, kMaxTrackedDepth)];
-    a = (1 - w) * a + w * (i <= accepted ? 1.0 : 0.0);
+    const int d = std::min(i, kMaxTrackedDepth);
+    const double wi = std::max(w, 1.0 / (depth_obs_[d] + 2));
+    ++depth_obs_[d];
+    depth_accept_[d] = (1 - wi) * depth_accept_[d] + wi * (i <= accepted ? 1.0 : 0.0);
   }
   // Everything drafted was accepted: depths not tried yet are believed at least as likely.
   if (accepted == depth) {
@@ -97,7 +102,9 @@ void DraftLengthController::record(int drafted, int accepted, double draft_secon
   // The overall rate (reported by acceptance()): `accepted` successes then one failure.
   const int trials = accepted + (accepted < depth ? 1 : 0);
   const double observed = trials > 0 ? static_cast<double>(accepted) / trials : accept_;
-  const double wk = 1.0 - std::pow(1.0 - w, std::max(trials, 1));
+  const double w_all = std::max(w, 1.0 / (accept_obs_ + 2));
+  accept_obs_ += std::max(trials, 1);
+  const double wk = 1.0 - std::pow(1.0 - w_all, std::max(trials, 1));
   accept_ = (1 - wk) * accept_ + wk * observed;
   const int m = std::min(drafted + 1, kMaxPassTokens);
   const bool stale = step_ - pass_step_[m] > kPassTimeLifetime;

@@ -47,6 +47,8 @@ class DraftLengthController {
   static constexpr int kMaxTrackedDepth = 16;        // deeper drafts share the last estimate
   double accept_ = kInitialAcceptance;  // overall per-token acceptance (reporting)
   std::array<double, kMaxTrackedDepth + 1> depth_accept_;  // [depth] a_i; index 0 unused
+  std::array<int64_t, kMaxTrackedDepth + 1> depth_obs_{};  // [depth] observations so far
+  int64_t accept_obs_ = 0;                                 // trials behind accept_
   // Estimated seconds of a target pass over m new tokens, m >= 1.
   double pass_estimate(int m) const;
   static constexpr int kMaxPassTokens = 64;  // longer passes share the last slot

@@ -237,3 +237,26 @@ TEST(DraftLength, AdaptiveFollowsANonLinearVerificationCost) {
 
 }  // namespace
 }  // namespace specdec
+
+namespace specdec {
+namespace {
+
+// Open-ended text where nothing is ever accepted and each extra token costs 7% of a pass: the
+// optimistic prior gives way after a few observations, so only a handful of steps speculate
+// before the first probe interval (with a plain EMA from the prior it took ~15).
+TEST(DraftLength, AdaptiveGivesUpQuicklyWhenNothingIsAccepted) {
+  DraftLengthController c(adaptive_config(8));
+  const Sim sim{.t1 = 0.010, .per_token = 0.0007, .draft = 0.0};
+  auto none = [](int) { return 0; };
+  int spec_steps = 0;
+  for (int i = 0; i < 40; ++i) {
+    const int k = sim.step(c, none);
+    if (k > 0) ++spec_steps;
+    if (i > 2 && k == 0 && spec_steps > 0) break;
+  }
+  EXPECT_GE(spec_steps, 1);
+  EXPECT_LE(spec_steps, 8);
+}
+
+}  // namespace
+}  // namespace specdec
