@@ -22,14 +22,9 @@
 
 #include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/quant_weights_avx512.h"  // <immintrin.h> and the vpdpbusd wrapper
 #include "backend/cpu/thread_pool.h"
 #include "util/check.h"
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 namespace specdec {
 namespace detail {
@@ -39,9 +34,7 @@ namespace {
 inline __m512i dpbusd_bcast(__m512i acc, __m512i u8, const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
-  const __m512i b = _mm512_set1_epi32(v);
-  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(b));
-  return acc;
+  return avx512::dpbusd(acc, u8, _mm512_set1_epi32(v));
 }
 
 template <GgmlType T>
