@@ -169,9 +169,7 @@ void LlamaModel::pack_weights() {
   const char* env = std::getenv("SPECDEC_PACKED_WEIGHTS");
   if (!isa_supported(Isa::kAvx512) || (env != nullptr && std::strcmp(env, "0") == 0)) return;
   ThreadPool pool(2);
-  auto same = [](const WeightMatrix& a, const WeightMatrix& b) {
-    return a.type == b.type && a.cols == b.cols;
-  };
+  // Packs `parts` stacked (rows concatenated); each part then points at its rows of the stack.
   auto pack = [&](std::initializer_list<WeightMatrix*> parts) -> WeightMatrix {
     std::vector<WeightMatrix> list;
     for (WeightMatrix* m : parts) list.push_back(*m);
@@ -181,11 +179,17 @@ void LlamaModel::pack_weights() {
     for (WeightMatrix* m : parts) *m = pw.part(k++);
     return pw.stacked();
   };
+  auto pack_each = [&](std::initializer_list<WeightMatrix*> parts) {
+    for (WeightMatrix* m : parts) {
+      if (packable(m->type)) pack({m});
+    }
+  };
+  // One packable type and width; every part but the last fills whole blocks of 16 rows.
   auto stackable = [&](std::initializer_list<const WeightMatrix*> parts) {
     const WeightMatrix& first = **parts.begin();
     size_t k = 0;
     for (const WeightMatrix* m : parts) {
-      if (!packable(m->type) || !same(first, *m)) return false;
+      if (!packable(m->type) || m->type != first.type || m->cols != first.cols) return false;
       if (++k < parts.size() && m->rows % kPackRows != 0) return false;
     }
     return true;
@@ -195,22 +199,16 @@ void LlamaModel::pack_weights() {
     if (stackable({&w.wq, &w.wk, &w.wv})) {
       w.qkv = pack({&w.wq, &w.wk, &w.wv});
     } else {
-      for (WeightMatrix* m : {&w.wq, &w.wk, &w.wv}) {
-        if (packable(m->type)) pack({m});
-      }
+      pack_each({&w.wq, &w.wk, &w.wv});
     }
     if (stackable({&w.w_gate, &w.w_up})) {
       w.gate_up = pack({&w.w_gate, &w.w_up});
     } else {
-      for (WeightMatrix* m : {&w.w_gate, &w.w_up}) {
-        if (packable(m->type)) pack({m});
-      }
+      pack_each({&w.w_gate, &w.w_up});
     }
-    for (WeightMatrix* m : {&w.wo, &w.w_down}) {
-      if (packable(m->type)) pack({m});
-    }
+    pack_each({&w.wo, &w.w_down});
   }
-  if (packable(output_.type)) pack({&output_});
+  pack_each({&output_});
 }
 
 template <class T>
@@ -287,9 +285,11 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
       matmul(w.qkv, xn, n, qkv, pool);
       for (int64_t i = 0; i < n; ++i) {
         const float* src = qkv + i * width;
-        std::memcpy(q + i * c.q_dim(), src, static_cast<size_t>(c.q_dim()) * sizeof(float));
-        std::memcpy(k_new + i * kv_row, src + c.q_dim(), static_cast<size_t>(kv_row) * 4);
-        std::memcpy(v_new + i * kv_row, src + c.q_dim() + kv_row, static_cast<size_t>(kv_row) * 4);
+        const size_t q_bytes = static_cast<size_t>(c.q_dim()) * sizeof(float);
+        const size_t kv_bytes = static_cast<size_t>(kv_row) * sizeof(float);
+        std::memcpy(q + i * c.q_dim(), src, q_bytes);
+        std::memcpy(k_new + i * kv_row, src + c.q_dim(), kv_bytes);
+        std::memcpy(v_new + i * kv_row, src + c.q_dim() + kv_row, kv_bytes);
       }
     } else {
       matmul(w.wq, xn, n, q, pool);
