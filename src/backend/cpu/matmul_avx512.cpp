@@ -23,6 +23,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_weights_avx512.h"
 #include "backend/cpu/thread_pool.h"
@@ -784,9 +785,10 @@ void build_panel(const WeightMatrix& w, int64_t row0, int64_t valid, const Activ
 template <GgmlType T>
 void build_panel_packed(const WeightMatrix& w, int64_t row0, int64_t valid, const Activations& a,
                         Panel& p) {
-  constexpr bool kEightBit = T == GgmlType::kQ8_0;
-  constexpr bool kMin = T == GgmlType::kQ4_1;
-  constexpr int64_t kCodeBytes = kEightBit ? 512 : 256;
+  constexpr PackedFormat kFormat = packed_format(T);
+  constexpr bool kEightBit = kFormat.eight_bit;
+  constexpr bool kMin = kFormat.has_min;
+  constexpr int64_t kCodeBytes = kFormat.code_bytes;
   const int64_t nsub = w.cols / 32;
   const __m512i low = _mm512_set1_epi8(0x0f);
   for (int c = 0; c < kPanelVecs; ++c) {

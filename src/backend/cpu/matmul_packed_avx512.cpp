@@ -37,22 +37,15 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i u8, const int8_t* p) {
   return avx512::dpbusd(acc, u8, _mm512_set1_epi32(v));
 }
 
+// The layout facts of packed_weights.h plus the code offset of the sub-block view (the same
+// as for the unpacked kernels).
 template <GgmlType T>
-struct Packed;
-template <>
-struct Packed<GgmlType::kQ4_0> {
-  static constexpr bool kMin = false, kEightBit = false;
-  static constexpr int kOffset = 8, kCodeBytes = 256;
-};
-template <>
-struct Packed<GgmlType::kQ4_1> {
-  static constexpr bool kMin = true, kEightBit = false;
-  static constexpr int kOffset = 0, kCodeBytes = 256;
-};
-template <>
-struct Packed<GgmlType::kQ8_0> {
-  static constexpr bool kMin = false, kEightBit = true;
-  static constexpr int kOffset = 128, kCodeBytes = 512;
+struct Packed {
+  static constexpr PackedFormat kFormat = packed_format(T);
+  static_assert(kFormat.code_bytes != 0, "no packed layout for this type");
+  static constexpr bool kMin = kFormat.has_min, kEightBit = kFormat.eight_bit;
+  static constexpr int kCodeBytes = static_cast<int>(kFormat.code_bytes);
+  static constexpr int kOffset = avx512::Weights<T>::kOffset;
 };
 
 constexpr int64_t kMaxTile = 8;  // activation rows per pass over a block of weights

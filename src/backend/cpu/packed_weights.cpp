@@ -15,26 +15,6 @@
 namespace specdec {
 namespace {
 
-struct PackedFormat {
-  int64_t code_bytes = 0;  // per sub-block of 16 rows
-  int64_t head_bytes = 0;  // bytes before the codes in a GGML block (f16 d, f16 m)
-  bool has_min = false;
-  bool eight_bit = false;
-};
-
-PackedFormat packed_format(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ4_0:
-      return {256, 2, false, false};
-    case GgmlType::kQ4_1:
-      return {256, 4, true, false};
-    case GgmlType::kQ8_0:
-      return {512, 2, false, true};
-    default:
-      return {};
-  }
-}
-
 // Rows [row0, row0 + count) of `w` (count <= 16; missing rows stay zero) into block `out`.
 void pack_block(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t* out) {
   const PackedFormat f = packed_format(w.type);

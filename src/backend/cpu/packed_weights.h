@@ -32,6 +32,27 @@ class ThreadPool;
 
 inline constexpr int64_t kPackRows = 16;  // weight rows per packed block
 
+// The per-type facts of the layout above, shared by the packer and the kernels.
+struct PackedFormat {
+  int64_t code_bytes = 0;  // per sub-block of 16 rows (0: the type has no packed layout)
+  int64_t head_bytes = 0;  // bytes before the codes in a GGML block (f16 d, f16 m)
+  bool has_min = false;    // an f16 min per block follows the scales
+  bool eight_bit = false;  // codes are whole bytes (else two nibble groups per byte)
+};
+
+constexpr PackedFormat packed_format(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return {256, 2, false, false};
+    case GgmlType::kQ4_1:
+      return {256, 4, true, false};
+    case GgmlType::kQ8_0:
+      return {512, 2, false, true};
+    default:
+      return {};
+  }
+}
+
 // Types with a packed layout.
 bool packable(GgmlType type);
 
