@@ -63,7 +63,7 @@ Matrix make_matrix(const std::string& name, GgmlType type, int64_t rows, int64_t
 
 Matrix make_plain_matrix(const std::string& name, GgmlType type, int64_t rows, int64_t cols,
                          std::mt19937& rng) {
-  Matrix m{name, type, rows, cols, {}};
+  Matrix m{name, type, rows, cols, {}, nullptr};
   m.data.resize(static_cast<size_t>(m.bytes()));
   for (auto& b : m.data) b = static_cast<uint8_t>(rng());
   const GgmlTypeTraits& t = ggml_type_traits(type);
