@@ -82,11 +82,11 @@ PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPoo
     blocks += (p.rows + kPackRows - 1) / kPackRows;
   }
   const int64_t block_bytes = packed_block_bytes(first.type, first.cols);
-  out.bytes_ = blocks * block_bytes;
-  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(out.bytes_)));
+  const auto bytes = static_cast<size_t>(blocks * block_bytes);  // [blocks, block_bytes]
+  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
   if (mem == nullptr) throw std::bad_alloc();
   out.storage_.reset(mem);
-  std::memset(mem, 0, static_cast<size_t>(out.bytes_));
+  std::memset(mem, 0, bytes);
 
   auto body = [&](int64_t b0, int64_t b1) {
     for (const Part& part : out.parts_) {

@@ -73,15 +73,12 @@ class PackedWeights {
   WeightMatrix stacked() const { return stacked_; }
   // Part k: its original descriptor plus `packed` pointing at its rows inside the stack.
   WeightMatrix part(size_t k) const;
-  size_t num_parts() const { return parts_.size(); }
-  int64_t bytes() const { return bytes_; }
 
  private:
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
   std::unique_ptr<uint8_t, FreeDeleter> storage_;  // [blocks, packed_block_bytes], 64-aligned
-  int64_t bytes_ = 0;
   WeightMatrix stacked_;
   struct Part {
     WeightMatrix original;
