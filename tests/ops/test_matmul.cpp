@@ -645,6 +645,23 @@ TEST(Matmul, VariantsEqualReferenceShapes) {
   }
 }
 
+TEST(Matmul, VariantsEqualReferenceAnyThreadCount) {
+  // The packed kernel's threads claim blocks of 16 rows from each other (stealing_split.h):
+  // more threads than blocks, uneven stretches and a one-thread pool give the same bits.
+  for (int threads : {1, 3, 5}) {
+    ThreadPool pool(threads);
+    for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+      const int64_t cols = min_cols(type) == 256 ? 256 : 64;
+      for (int64_t rows : {17, 80, 513}) {
+        for (int64_t n : {1, 5, 9}) {
+          expect_variants_equal_reference(type, rows, cols, n,
+                                          static_cast<uint32_t>(threads * 1000 + rows + n), &pool);
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, VariantsEqualReferencePrefill) {
   ThreadPool pool(2);
   for (GgmlType type : kAllTypes) {

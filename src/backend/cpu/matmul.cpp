@@ -106,6 +106,11 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
   matmul_isa(active_isa(), w, x, n, y, pool);
 }
 
+void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes) {
+  if (w.packed == nullptr || active_isa() != Isa::kAvx512) return;
+  detail::packed_prefetch_avx512(w, ti, nt, max_bytes);
+}
+
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {
   validate(w, 0, "dequantize_row");
   SPECDEC_CHECK(w.data != nullptr, "dequantize_row: the matrix exists only packed");

@@ -37,6 +37,13 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
 void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y,
                 ThreadPool* pool);
 
+// A hint for thread `ti` of `nt` of a pool, while it has nothing else to do: brings up to
+// `max_bytes` of the weights it will read first in the next matmul(w, ...) over fewer than 32
+// rows into its cache (prefetcht1). Only the AVX-512 kernels over packed weights, whose
+// threads start on fixed stretches of the matrix (stealing_split.h), use it; elsewhere a no-op.
+// Never changes a result.
+void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);
+
 // Row `row` of W as floats: out[cols]. Used for embedding lookup.
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out);
 

@@ -43,6 +43,8 @@ void matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y, T
 inline constexpr int64_t kPackedPanelMinRows = 32;
 void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y,
                           ThreadPool* pool);
+// matmul_prefetch() for packed weights: the start of thread ti's stretch.
+void packed_prefetch_avx512(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);
 
 // Per-ISA activation quantization (exposed so tests can check it against the reference).
 void quantize_activations_avx2(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16);

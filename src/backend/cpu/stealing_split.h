@@ -1,0 +1,103 @@
+// Work split for the threads of one ThreadPool::run over n independent items (say, blocks of
+// weight rows) that are best processed in order: thread t owns the stretch
+// [n·t/nt, n·(t+1)/nt) and takes items from its front, one at a time; a thread whose stretch is
+// done takes items from the back of the stretch with the most left. On a shared host a core's
+// speed changes from moment to moment, and with a static split the fast thread waits for the
+// slow one at every join; here it finishes the slow one's work instead. Each thread still reads
+// one contiguous, ascending stretch of memory most of the time (what the prefetchers want).
+//
+// Every item is handed out exactly once. Claims use one compare-and-swap on the stretch's own
+// cache line (uncontended until a thief arrives); the ThreadPool::run join orders the items'
+// results for the caller.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+namespace specdec {
+
+class StealingSplit {
+ public:
+  static constexpr int kMaxStretches = 32;  // threads beyond it only steal
+
+  // n items for nt threads; n < 2^31.
+  StealingSplit(int64_t n, int nt) : stretches_(std::clamp(nt, 1, kMaxStretches)) {
+    for (int s = 0; s < stretches_; ++s) {
+      const auto front = static_cast<uint32_t>(stretch_begin(n, s, nt));
+      const auto back = static_cast<uint32_t>(stretch_begin(n, s + 1, nt));
+      slot_[s].range.store(pack(front, back), std::memory_order_relaxed);
+    }
+  }
+
+  // The first item of thread t's stretch (t = nt, or the last stretch + 1: n); threads from
+  // kMaxStretches on own none.
+  static int64_t stretch_begin(int64_t n, int t, int nt) {
+    const int s = std::clamp(nt, 1, kMaxStretches);
+    return t >= s ? n : n * t / s;
+  }
+
+  struct Claim {
+    int64_t item = -1;  // -1: nothing left
+    // The direction this thread walks (+1 on its own stretch, -1 when stealing) and the end
+    // (exclusive) of the items left there when it claimed: what it will likely take next.
+    int step = 1;
+    int64_t end = -1;
+    // The item k places further on, or -1 if there was none when claimed.
+    int64_t after(int k) const {
+      const int64_t i = item + static_cast<int64_t>(k) * step;
+      return (step > 0 ? i < end : i > end) ? i : -1;
+    }
+  };
+
+  // The next item for thread ti.
+  Claim next(int ti) {
+    if (ti < stretches_) {
+      std::atomic<uint64_t>& r = slot_[ti].range;
+      uint64_t cur = r.load(std::memory_order_relaxed);
+      while (front(cur) < back(cur)) {
+        if (r.compare_exchange_weak(cur, pack(front(cur) + 1, back(cur)),
+                                    std::memory_order_relaxed)) {
+          return {front(cur), 1, back(cur)};
+        }
+      }
+    }
+    // Steal from the back of the stretch with the most items left.
+    for (;;) {
+      int victim = -1;
+      uint32_t most = 0;
+      for (int s = 0; s < stretches_; ++s) {
+        const uint64_t cur = slot_[s].range.load(std::memory_order_relaxed);
+        if (back(cur) > front(cur) && back(cur) - front(cur) > most) {
+          most = back(cur) - front(cur);
+          victim = s;
+        }
+      }
+      if (victim < 0) return {};
+      std::atomic<uint64_t>& r = slot_[victim].range;
+      uint64_t cur = r.load(std::memory_order_relaxed);
+      while (front(cur) < back(cur)) {
+        if (r.compare_exchange_weak(cur, pack(front(cur), back(cur) - 1),
+                                    std::memory_order_relaxed)) {
+          return {static_cast<int64_t>(back(cur)) - 1, -1, static_cast<int64_t>(front(cur)) - 1};
+        }
+      }
+    }
+  }
+
+ private:
+  static uint64_t pack(uint32_t front, uint32_t back) {
+    return static_cast<uint64_t>(back) << 32 | front;
+  }
+  static uint32_t front(uint64_t v) { return static_cast<uint32_t>(v); }
+  static uint32_t back(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
+
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> range{0};  // front | back << 32: items [front, back) not yet taken
+  };
+  int stretches_;
+  std::array<Slot, kMaxStretches> slot_;
+};
+
+}  // namespace specdec
