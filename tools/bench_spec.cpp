@@ -101,18 +101,28 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   nlohmann::json rows = nlohmann::json::array();
   double min_speedup = 1e30;
   for (size_t i = 0; i < in.prompts.size(); ++i) {
-    // Plain and speculative runs alternate, `repeats` times each; the host's speed drifts, so each
-    // mode's time for this prompt is the median of its runs. Outputs and counts come from the
-    // first runs (greedy and seeded sampling replay exactly).
+    // Plain and speculative runs come in pairs, `repeats` pairs, the order within a pair
+    // alternating. The host's speed drifts, so each mode's time for this prompt is the median of
+    // its runs, and the prompt's speedup is the median of the pairs' ratios (runs a second
+    // apart see the same host). Outputs and counts come from the first runs (greedy and seeded
+    // sampling replay exactly).
     GenerationStats ps, ss;
     std::vector<int32_t> a, b;
-    std::vector<double> plain_times, spec_times;
+    std::vector<double> plain_times, spec_times, pair_ratios;
     for (int r = 0; r < std::max(1, in.repeats); ++r) {
       GenerationStats ps_r, ss_r;
-      std::vector<int32_t> a_r = gen.generate(in.prompts[i], plain, nullptr, &ps_r);
-      std::vector<int32_t> b_r = gen.generate(in.prompts[i], specd, nullptr, &ss_r);
+      std::vector<int32_t> a_r, b_r;
+      if (r % 2 == 0) {
+        a_r = gen.generate(in.prompts[i], plain, nullptr, &ps_r);
+        b_r = gen.generate(in.prompts[i], specd, nullptr, &ss_r);
+      } else {
+        b_r = gen.generate(in.prompts[i], specd, nullptr, &ss_r);
+        a_r = gen.generate(in.prompts[i], plain, nullptr, &ps_r);
+      }
       plain_times.push_back(ps_r.decode_seconds);
       spec_times.push_back(ss_r.decode_seconds);
+      pair_ratios.push_back((ss_r.n_generated / ss_r.decode_seconds) /
+                            (ps_r.n_generated / ps_r.decode_seconds));
       if (r == 0) {
         ps = ps_r;
         ss = ss_r;
@@ -132,7 +142,7 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
     spec_passes += ss.n_spec_passes;
     drafted += ss.n_drafted;
     accepted += ss.n_accepted;
-    const double row_speedup = (ss.n_generated / ss.decode_seconds) / (ps.n_generated / ps.decode_seconds);
+    const double row_speedup = median(pair_ratios);
     min_speedup = std::min(min_speedup, row_speedup);
     rows.push_back({{"prompt_tokens", in.prompts[i].size()},
                     {"generated", ss.n_generated},

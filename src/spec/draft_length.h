@@ -8,7 +8,9 @@
 // interpolated between measured lengths and extrapolated beyond them with the mean extra cost
 // per verified token; plus k·d of drafting (d: measured draft cost per token). The controller
 // picks the k in [0, max] with the best E(k) / cost(k), all figures being running averages
-// from this sequence. When k = 0 wins, speculation is off
+// from this sequence. A depth not reached recently (or never) takes the estimate of the depth
+// before it: after a copied passage, depths 2..k keep high estimates that say nothing once
+// drafts fail at depth 1, and would keep long drafts going. When k = 0 wins, speculation is off
 // for `probe_interval` steps and then probed again with a short draft; each probe that does not
 // pay doubles the wait (up to 256 steps).
 #pragma once
@@ -44,10 +46,17 @@ class DraftLengthController {
  private:
   DraftLengthConfig config_;
   static constexpr double kInitialAcceptance = 0.6;  // optimistic, so speculation is tried
-  static constexpr int kMaxTrackedDepth = 16;        // deeper drafts share the last estimate
+  static constexpr int kMaxTrackedDepth = 16;  // deeper drafts share the last estimate
+  // The first draft, which measures the verification cost: short, as a pass over 9 tokens costs
+  // ~2x a plain one on CPU, a loss where nothing will be accepted.
+  static constexpr int kFirstDraft = 4;
   double accept_ = kInitialAcceptance;  // overall per-token acceptance (reporting)
   std::array<double, kMaxTrackedDepth + 1> depth_accept_;  // [depth] a_i; index 0 unused
   std::array<int64_t, kMaxTrackedDepth + 1> depth_obs_{};  // [depth] observations so far
+  std::array<int64_t, kMaxTrackedDepth + 1> depth_step_{};  // [depth] step of the last one
+  // A depth not reached for this many steps is judged like the depth before it again (what
+  // it earned while the text was being copied says little once drafts fail at depth 1).
+  static constexpr int64_t kDepthLifetime = 16;
   int64_t accept_obs_ = 0;                                 // trials behind accept_
   // Estimated seconds of a target pass over m new tokens, m >= 1.
   double pass_estimate(int m) const;
