@@ -266,3 +266,35 @@ TEST(DraftLength, AdaptiveGivesUpQuicklyWhenNothingIsAccepted) {
 
 }  // namespace
 }  // namespace specdec
+
+namespace specdec {
+namespace {
+
+// A copied stretch (every draft accepted) and then nothing accepted at all, with the CPU's pass
+// costs (a pass over m tokens costs f[m] plain passes). The depths 2..k must not keep the
+// copied stretch's estimates once drafts fail at depth 1: over the next 40 steps the failed
+// drafts cost at most 9 plain passes in all (7.6 now; with the pooled rate flooring every depth
+// and no forgetting of unreached depths it was 10.8, with longer drafts for longer).
+TEST(DraftLength, AdaptiveShortensDraftsSoonAfterCopyingStops) {
+  const double f[] = {0, 1.0, 1.07, 1.13, 1.2, 1.4, 1.6, 1.75, 1.85, 2.05};
+  DraftLengthController c(adaptive_config(8));
+  int copied = 0;
+  while (copied < 3) {
+    const int k = c.next_length();
+    c.record(k, k, 0.0, 0.010 * f[k + 1]);
+    if (k > 0) ++copied;
+  }
+  double extra = 0;
+  int long_drafts = 0;
+  for (int i = 0; i < 40; ++i) {
+    const int k = c.next_length();
+    c.record(k, 0, 0.0, 0.010 * f[k + 1]);
+    extra += f[k + 1] - 1.0;
+    if (i >= 12 && k > 4) ++long_drafts;
+  }
+  EXPECT_LT(extra, 9.0);
+  EXPECT_EQ(long_drafts, 0);
+}
+
+}  // namespace
+}  // namespace specdec
