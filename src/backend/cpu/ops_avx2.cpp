@@ -303,16 +303,6 @@ void attn_scores_avx2(const float* q, int n_q, const float* k, int64_t k_stride,
   pf.rest();
 }
 
-// The packed form is q·mult, row-major.
-void attn_pack_q_avx2(const float* q, int n_q, int run_rows, int64_t run_stride, int head_dim,
-                      float mult, float* packed) {
-  for (int r = 0; r < n_q; ++r) {
-    const float* qr = q + r / run_rows * run_stride + static_cast<int64_t>(r % run_rows) * head_dim;
-    float* pr = packed + static_cast<int64_t>(r) * head_dim;  // [head_dim]
-    for (int d = 0; d < head_dim; ++d) pr[d] = qr[d] * mult;
-  }
-}
-
 // A row of kAttnChunk = 64 columns is eight 8-lane vectors; l = hsum of the pairwise tree
 // ((e0 + e1) + (e2 + e3)) + ((e4 + e5) + (e6 + e7)).
 static_assert(kAttnChunk == 8 * kLanes, "the chunk softmax assumes 64-column chunks");
@@ -538,7 +528,8 @@ const OpsKernels& ops_kernels_avx2() {
   static const OpsKernels kernels = {
       rmsnorm_avx2,         swiglu_avx2,
       row_max_avx2,         exp_shifted_sum_avx2,
-      scale_avx2,           attn_pack_q_avx2,
+      // The packed q is the reference's (q·mult, row-major): attn_scores_avx2 reads that form.
+      scale_avx2,           ops_kernels_ref().attn_pack_q,
       attn_scores_avx2,     attn_chunk_softmax_avx2,
       attn_accumulate_avx2, attn_merge_weights_avx2,
       attn_merge_rows_avx2, attn_accumulate_merge_avx2,
