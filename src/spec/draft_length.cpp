@@ -62,11 +62,11 @@ double DraftLengthController::pass_estimate(int m) const {
     return pass_time_[len] > 0 && step_ - pass_step_[len] <= kPassTimeLifetime;
   };
   m = std::clamp(m, 1, kMaxPassTokens);
-  if (m > 1 && fresh(m)) return pass_time_[m];
+  if (m == 1) return t1_;
+  if (fresh(m)) return pass_time_[m];
   int below = m - 1;
   while (below > 1 && !fresh(below)) --below;
   const double base = below <= 1 ? t1_ : pass_time_[below];
-  if (m == 1) return t1_;
   int above = m + 1;
   while (above <= kMaxPassTokens && !fresh(above)) ++above;
   if (above > kMaxPassTokens) return base + (m - below) * per_token_;
