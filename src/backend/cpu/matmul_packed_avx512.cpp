@@ -233,14 +233,18 @@ void one_block(const WeightMatrix& w, const Acts& a, int64_t n, float* y,
   }
 }
 
-// All lines of block k (hint T0 into L1 or T1 into L2).
+// The lines of [p, p + bytes) (hint T0 into L1 or T1 into L2).
+template <int kHint>
+void prefetch_range(const uint8_t* p, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + at), static_cast<_mm_hint>(kHint));
+  }
+}
+
+// All lines of block k (none for k < 0).
 template <int kHint>
 void prefetch_block(const WeightMatrix& w, int64_t k) {
-  if (k < 0) return;
-  const char* p = reinterpret_cast<const char*>(w.packed + k * w.packed_block_bytes);
-  for (int64_t at = 0; at < w.packed_block_bytes; at += 64) {
-    _mm_prefetch(p + at, static_cast<_mm_hint>(kHint));
-  }
+  if (k >= 0) prefetch_range<kHint>(w.packed + k * w.packed_block_bytes, w.packed_block_bytes);
 }
 
 // Thread ti's share of the blocks against all n activation rows, claimed one at a time.
@@ -327,9 +331,8 @@ void packed_prefetch_avx512(const WeightMatrix& w, int ti, int nt, int64_t max_b
   const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
   const int64_t first = StealingSplit::stretch_begin(blocks, ti, nt);
   const int64_t end = StealingSplit::stretch_begin(blocks, ti + 1, nt);
-  const int64_t bytes = std::min(max_bytes, (end - first) * w.packed_block_bytes);
-  const char* p = reinterpret_cast<const char*>(w.packed + first * w.packed_block_bytes);
-  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
+  prefetch_range<_MM_HINT_T1>(w.packed + first * w.packed_block_bytes,
+                              std::min(max_bytes, (end - first) * w.packed_block_bytes));
 }
 
 }  // namespace detail
