@@ -1,11 +1,11 @@
 // Timing program for the attention op on the shapes of the default model (SmolLM2-135M: 30
-// layers, 9 query heads, 3 KV heads, head_dim 64, F32 KV cache): one "pass" is the attention of
-// n_new causal query tokens over n_past cached tokens in each of the 30 layers, each layer with
-// its own K/V buffers, as in a forward pass. Not part of ctest.
+// layers, 9 query heads, 3 KV heads, head_dim 64, f16 or f32 KV cache): one "pass" is the
+// attention of n_new causal query tokens over n_past cached tokens in each of the 30 layers, each
+// layer with its own K/V buffers, as in a forward pass. Not part of ctest.
 //
 // Build: cmake --build <build dir> --target bench_attention
 // Run: <build dir>/bench_attention [--isa scalar|avx2|avx512] [--threads N] [--rounds R]
-//        [--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree]
+//        [--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree] [--kv-type f16|f32]
 // The rounds of the cases alternate (round r of every case, then round r + 1), so that a busy
 // host disturbs them alike; "x n_new=1" is the median over rounds of a case's time over that of
 // the n_new = 1 case at the same n_past (when one is run), the verification cost ratio of
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/quant_blocks.h"  // fp32_to_fp16
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
 
@@ -60,6 +61,7 @@ int run_bench(int argc, char** argv) {
   bool flush = true;
   int layers = 30;
   bool tree = false;
+  KvType kv_type = KvType::kF16;
   std::vector<Case> cases = {{512, 1},  {512, 8},   {512, 16}, {2048, 1},
                              {2048, 8}, {2048, 16}, {0, 512}};
   bool default_cases = true;
@@ -78,6 +80,8 @@ int run_bench(int argc, char** argv) {
       flush = false;
     } else if (a == "--tree") {
       tree = true;
+    } else if (a == "--kv-type" && i + 1 < argc && parse_kv_type(argv[i + 1])) {
+      kv_type = *parse_kv_type(argv[++i]);
     } else if (a == "--case" && i + 1 < argc) {
       long long n_past = 0, n_new = 0;
       if (std::sscanf(argv[++i], "%lld,%lld", &n_past, &n_new) != 2 || n_past < 0 || n_new < 1) {
@@ -90,7 +94,8 @@ int run_bench(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--isa scalar|avx2|avx512] [--threads N] [--rounds R] "
-                   "[--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree]\n",
+                   "[--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree] "
+                   "[--kv-type f16|f32]\n",
                    argv[0]);
       return 2;
     }
@@ -102,8 +107,8 @@ int run_bench(int argc, char** argv) {
   ThreadPool pool(threads);
   std::printf(
       "attention, SmolLM2-135M shapes (%d layers, %d/%d heads of %d), isa %s, %d threads,"
-      " %s, %s mask, median of %d rounds\n",
-      layers, kHeads, kKvHeads, kHeadDim, isa_name(isa), threads,
+      " %s KV, %s, %s mask, median of %d rounds\n",
+      layers, kHeads, kKvHeads, kHeadDim, isa_name(isa), threads, kv_type_name(kv_type),
       flush ? "K/V cold (caches flushed)" : "K/V cache-warm", tree ? "binary-tree" : "causal",
       rounds);
   std::printf("%8s %6s %12s %12s %12s %12s %12s\n", "n_past", "n_new", "ms/pass", "us/layer",
@@ -117,6 +122,7 @@ int run_bench(int argc, char** argv) {
     AttentionShape s;
     int64_t kv_elems = 0;
     std::vector<std::vector<float>> k, v;  // [layer][n_past + n_new, n_kv_heads, head_dim]
+    std::vector<std::vector<uint16_t>> k16, v16;  // the same as halves (--kv-type f16)
     std::vector<float> q;                  // [n_new, n_heads, head_dim]
     std::vector<float> out;                // [n_new, n_heads, head_dim]
     std::vector<uint8_t> mask;             // [n_new, n_new] with --tree
@@ -141,6 +147,19 @@ int run_bench(int argc, char** argv) {
       for (float& x : run.k[l]) x = dist(gen);
       for (float& x : run.v[l]) x = dist(gen);
     }
+    if (kv_type == KvType::kF16) {
+      auto halves = [](const std::vector<float>& x) {
+        std::vector<uint16_t> h(x.size());
+        for (size_t e = 0; e < x.size(); ++e) h[e] = fp32_to_fp16(x[e]);
+        return h;
+      };
+      for (int l = 0; l < layers; ++l) {
+        run.k16.push_back(halves(run.k[l]));
+        run.v16.push_back(halves(run.v[l]));
+      }
+      run.k.clear();
+      run.v.clear();
+    }
     run.q.resize(static_cast<size_t>(c.n_new * kHeads * kHeadDim));
     for (float& x : run.q) x = dist(gen);
     run.out.resize(run.q.size());
@@ -159,8 +178,11 @@ int run_bench(int argc, char** argv) {
       if (flush) sink += flush_caches(big);
       const double t0 = now_s();
       for (int l = 0; l < layers; ++l) {
-        attention_isa(isa, run.s, run.q.data(), run.k[l].data(), run.v[l].data(),
-                      tree ? run.mask.data() : nullptr, run.out.data(), &pool);
+        const bool f16 = kv_type == KvType::kF16;
+        attention_isa(isa, run.s, run.q.data(),
+                      f16 ? static_cast<const void*>(run.k16[l].data()) : run.k[l].data(),
+                      f16 ? static_cast<const void*>(run.v16[l].data()) : run.v[l].data(),
+                      kv_type, tree ? run.mask.data() : nullptr, run.out.data(), &pool);
       }
       const double t = now_s() - t0;
       if (r > 0) run.times.push_back(t);  // round 0 warms up the pool and the scratch
@@ -174,7 +196,8 @@ int run_bench(int argc, char** argv) {
   for (const Run& run : runs) {
     const double med = median(run.times);
     const double best = *std::min_element(run.times.begin(), run.times.end());
-    const double kv_bytes = 2.0 * layers * static_cast<double>(run.kv_elems) * sizeof(float);
+    const double kv_bytes = 2.0 * layers * static_cast<double>(run.kv_elems) *
+                            static_cast<double>(kv_type_bytes(kv_type));
     std::printf("%8lld %6lld %12.3f %12.1f %12.2f %12.3f", static_cast<long long>(run.s.n_past),
                 static_cast<long long>(run.s.n_new), med * 1e3, med * 1e6 / layers,
                 kv_bytes / med * 1e-9, best * 1e3);

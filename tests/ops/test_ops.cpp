@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16: the scalar conversions
 #include "backend/cpu/thread_pool.h"
 
 namespace specdec {
@@ -710,6 +711,114 @@ TEST(Ops, AttentionPackRunsAndPrefetchHints) {
                          hinted.data(), kAttnChunk, next);
         ASSERT_EQ(first_bitwise_difference(plain.data(), hinted.data(), n_q * kAttnChunk), -1)
             << isa_name(isa) << " head_dim " << head_dim << " n_q " << n_q;
+      }
+    }
+  }
+}
+
+// --- f16 KV cache --------------------------------------------------------------------------------
+
+// Every half converts exactly (bitwise as the scalar fp16_to_fp32; NaNs stay NaNs) in every
+// variant, at every position of a vector and its tail.
+TEST(Ops, F16ToF32AllHalvesEveryVariant) {
+  std::vector<uint16_t> all(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  for (Isa isa : supported_variants()) {
+    std::vector<float> out(all.size() + 1, 7.0f);
+    f16_to_f32_isa(isa, all.data(), static_cast<int64_t>(all.size()) - 3, out.data());
+    for (int i = 0; i < 65536 - 3; ++i) {
+      const float want = fp16_to_fp32(all[i]);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(out[i])) << isa_name(isa) << " half " << i;
+      } else {
+        ASSERT_EQ(std::memcmp(&out[i], &want, 4), 0) << isa_name(isa) << " half " << i;
+      }
+    }
+    EXPECT_EQ(out[65536 - 3], 7.0f) << isa_name(isa) << " wrote past n";
+  }
+}
+
+// Rounding to half: the SIMD variants equal the scalar round-to-nearest-even bit for bit, on
+// normal values, ties, subnormal results, overflow to inf and zeros, for every length.
+TEST(Ops, F32ToF16EqualsReference) {
+  std::mt19937 gen(15);
+  std::vector<float> x;
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65520.0f, 65519.99f, 1e6f, -1e6f,
+                  INFINITY, -INFINITY, 6.1e-5f, 5.96e-8f, 2.98e-8f, 1e-10f, 1.00048828125f,
+                  1.00146484375f, 3.0517578125e-05f}) {
+    x.push_back(v);
+  }
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-30, 17);
+  for (int i = 0; i < 5000; ++i) {
+    float v = std::ldexp(mant(gen), expo(gen)) * (i % 2 ? -1.0f : 1.0f);
+    if (i % 7 == 0) {  // an exact tie between two halves: 11 significant bits and a half
+      v = std::ldexp(std::floor(std::ldexp(mant(gen), 10)) + 0.5f, expo(gen) - 10);
+    }
+    x.push_back(v);
+  }
+  std::vector<uint16_t> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = fp32_to_fp16(x[i]);
+  for (Isa isa : simd_variants()) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{15}, int64_t{16}, int64_t{17},
+                      static_cast<int64_t>(x.size())}) {
+      std::vector<uint16_t> got(static_cast<size_t>(n) + 1, 0x1234);
+      f32_to_f16_isa(isa, x.data(), n, got.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " x = " << x[i] << " (n " << n << ")";
+      }
+      EXPECT_EQ(got[n], 0x1234) << isa_name(isa) << " wrote past n = " << n;
+    }
+  }
+}
+
+// Attention over an f16 cache is attention over the float cache holding the same (rounded)
+// values, bit for bit: every variant, no pool and 2 / 3 threads, causal, tree and arbitrary
+// masks, runs across chunk boundaries, head_dim with SIMD tails.
+TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
+  std::mt19937 gen(16);
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* const pools[3] = {nullptr, &pool2, &pool3};
+  struct Case {
+    AttentionShape s;
+    int mask_kind;  // 0 causal, 1 tree, 2 arbitrary
+  };
+  const Case cases[] = {{make_shape(0, 1, 9, 3, 64), 0},    {make_shape(300, 1, 9, 3, 64), 0},
+                        {make_shape(130, 8, 9, 3, 64), 1},  {make_shape(60, 16, 9, 3, 64), 2},
+                        {make_shape(0, 200, 9, 3, 64), 0},  {make_shape(20, 70, 4, 2, 20), 1},
+                        {make_shape(17, 5, 6, 2, 7), 2},    {make_shape(1000, 3, 32, 8, 128), 0}};
+  for (const Case& c : cases) {
+    const AttentionShape& s = c.s;
+    const int64_t n_kv = s.n_past + s.n_new;
+    const int64_t kv_elems = n_kv * s.n_kv_heads * s.head_dim;
+    const std::vector<float> q = random_vector(gen, s.n_new * s.n_heads * s.head_dim, -2, 2);
+    std::vector<float> k = random_vector(gen, kv_elems, -2, 2);
+    std::vector<float> v = random_vector(gen, kv_elems, -1, 1);
+    std::vector<uint16_t> k16(static_cast<size_t>(kv_elems)), v16(static_cast<size_t>(kv_elems));
+    for (int64_t e = 0; e < kv_elems; ++e) {
+      k16[e] = fp32_to_fp16(k[e]);
+      v16[e] = fp32_to_fp16(v[e]);
+      k[e] = fp16_to_fp32(k16[e]);
+      v[e] = fp16_to_fp32(v16[e]);
+    }
+    const std::vector<uint8_t> mask_bytes = c.mask_kind == 1   ? tree_mask(gen, s.n_new)
+                                            : c.mask_kind == 2 ? random_mask(gen, s.n_new)
+                                                               : std::vector<uint8_t>{};
+    const uint8_t* mask = mask_bytes.empty() ? nullptr : mask_bytes.data();
+    const size_t n_out = static_cast<size_t>(s.n_new * s.n_heads * s.head_dim);
+    for (Isa isa : supported_variants()) {
+      std::vector<float> want(n_out);
+      attention_isa(isa, s, q.data(), k.data(), v.data(), mask, want.data(), nullptr);
+      for (ThreadPool* pool : pools) {
+        std::vector<float> got(n_out + 1, 7.0f);
+        attention_isa(isa, s, q.data(), k16.data(), v16.data(), KvType::kF16, mask, got.data(),
+                      pool);
+        const int64_t e = first_bitwise_difference(want.data(), got.data(),
+                                                   static_cast<int64_t>(n_out));
+        ASSERT_EQ(e, -1) << isa_name(isa) << " n_past " << s.n_past << " n_new " << s.n_new
+                         << " hd " << s.head_dim << " mask kind " << c.mask_kind << " threads "
+                         << (pool == nullptr ? 1 : pool->size()) << ": element " << e;
+        EXPECT_EQ(got.back(), 7.0f);
       }
     }
   }

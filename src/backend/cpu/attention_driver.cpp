@@ -33,7 +33,9 @@
 // barrier each thread finishes the merge of a share of the rows.
 //
 // Memory: decode and verification stream the cached K/V from DRAM (the rest of the forward pass
-// evicts them between layers). A thread working on a chunk has the kernels prefetch the next
+// evicts them between layers). An f16 cache is read through a float tile: the (chunk, KV head)
+// rows a kernel call needs are converted first (exactly), so the kernels are those of the float
+// cache and see the same values. A thread working on a chunk has the kernels prefetch the next
 // chunk it will work on (AttnPrefetch), a third per KV head, so that the next K/V rows arrive
 // while it computes.
 //
@@ -123,6 +125,9 @@ struct Scratch {
   std::vector<float> a;           // [rows, head_dim] a of a chunk with runs
   std::vector<float> big_ml;      // [2, n_rows] running M, L of a block task
   std::vector<float> big_a;       // [n_rows, head_dim] running A of a block task
+  std::vector<float> k_tile;      // [kChunk, head_dim] K rows of an f16 cache as floats
+  std::vector<float> v_tile;      // [kChunk, head_dim] V rows of an f16 cache as floats
+  std::vector<float> piece;       // [kChunk, head_dim] K or V rows of a run piece (f16 cache)
 };
 
 // Both grow to the largest call seen and are kept, so steady-state calls do not allocate
@@ -210,12 +215,13 @@ struct AttentionCall {
   const OpsKernels& kern;
   const AttentionShape& s;
   const float* q;  // [n_new, n_heads, head_dim]
-  const float* k;  // [n_past + n_new, n_kv_heads, head_dim]
-  const float* v;  // [n_past + n_new, n_kv_heads, head_dim]
+  const void* k;   // [n_past + n_new, n_kv_heads, head_dim] of kv_type
+  const void* v;   // [n_past + n_new, n_kv_heads, head_dim] of kv_type
+  KvType kv_type;
   float* out;      // [n_new, n_heads, head_dim]
   const AttentionPlan& plan;
   int group;           // query heads per KV head
-  int64_t kv_stride;   // floats per K/V row (slot)
+  int64_t kv_stride;   // elements per K/V row (slot)
   int64_t packed_q;    // floats of the packed q of one block's rows of one KV head
   int64_t packed_tok;  // floats of the packed q of one token's rows of one KV head
   float q_mult;        // scale·log2(e): scores in log2 units
@@ -290,6 +296,24 @@ bool runs_in_chunk(const AttentionCall& c, int64_t i, int64_t c0, int64_t c1) {
   return c.plan.lead[i] < c1 && c.plan.n_visible[i] > std::max(c.plan.lead[i], c0);
 }
 
+// Rows [slot, slot + count) of KV head h of the cache kv (c.k or c.v) as floats, `stride` floats
+// apart: the cache's own rows for a float cache; for an f16 cache, converted into `tile`
+// [count, head_dim].
+struct FloatRows {
+  const float* p;
+  int64_t stride;
+};
+
+FloatRows head_rows(const AttentionCall& c, const void* kv, int h, int64_t slot, int64_t count,
+                    std::vector<float>* tile) {
+  const int64_t offset = slot * c.kv_stride + static_cast<int64_t>(h) * c.s.head_dim;
+  if (c.kv_type == KvType::kF32) return {static_cast<const float*>(kv) + offset, c.kv_stride};
+  float* t = grow(tile, count * c.s.head_dim);
+  c.kern.f16_to_f32_rows(static_cast<const uint16_t*>(kv) + offset, c.kv_stride, count,
+                         c.s.head_dim, t);
+  return {t, c.s.head_dim};
+}
+
 // Chunk `chunk` of the block: its columns [c0, c1) of visible positions, the tile slots
 // [c0, c0 + tile_cols) scored for all rows, and whether any token has run positions in it.
 struct Chunk {
@@ -326,11 +350,12 @@ NextRows chunk_part(const AttentionCall& c, const Block& blk, int64_t chunk, int
   const int64_t c0 = chunk * kChunk;
   const int64_t n = std::min(std::min(c0 + kChunk, blk.max_visible), blk.tile_end) - c0;
   if (n <= 0) return next;
-  const int64_t bytes = n * c.kv_stride * static_cast<int64_t>(sizeof(float));
+  const auto row_bytes = static_cast<int64_t>(c.kv_stride * kv_type_bytes(c.kv_type));
+  const int64_t bytes = n * row_bytes;
   const int64_t begin = bytes * part / parts;
   const int64_t end = bytes * (part + 1) / parts;
-  next.k = {reinterpret_cast<const char*>(c.k + c0 * c.kv_stride) + begin, end - begin};
-  next.v = {reinterpret_cast<const char*>(c.v + c0 * c.kv_stride) + begin, end - begin};
+  next.k = {static_cast<const char*>(c.k) + c0 * row_bytes + begin, end - begin};
+  next.v = {static_cast<const char*>(c.v) + c0 * row_bytes + begin, end - begin};
   return next;
 }
 
@@ -341,7 +366,6 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
                  AttnPrefetch next_k) {
   const int rows = blk.rows_per_head;
   const int64_t c0 = ch.c0, c1 = ch.c1, tile_cols = ch.tile_cols;
-  const float* k_h = c.k + h * c.s.head_dim;  // slot j's K row of head h at k_h + j * kv_stride
   float* scores = grow(&sc.scores, rows * kChunk);  // [rows, kChunk]
   int32_t* n_valid = grow(&sc.n_valid, rows);       // [rows]
   for (int64_t t = 0; t < blk.n_tokens; ++t) {
@@ -349,17 +373,18 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
     std::fill_n(n_valid + t * c.group, c.group, static_cast<int32_t>(n));
   }
   if (tile_cols > 0) {
-    c.kern.attn_scores(packed_h, rows, k_h + c0 * c.kv_stride, c.kv_stride, tile_cols, c.s.head_dim,
-                       scores, kChunk, next_k);
+    const FloatRows k = head_rows(c, c.k, h, c0, tile_cols, &sc.k_tile);
+    c.kern.attn_scores(packed_h, rows, k.p, k.stride, tile_cols, c.s.head_dim, scores, kChunk,
+                       next_k);
   }
   if (ch.runs) {
     for (int64_t t = 0; t < blk.n_tokens; ++t) {
       const int64_t i = blk.token_begin + t;
       if (!runs_in_chunk(c, i, c0, c1)) continue;
       for_run_pieces(c, i, c0, c1, [&](int64_t column, int64_t slot, int64_t count) {
-        c.kern.attn_scores(packed_tok_h + t * c.packed_tok, c.group, k_h + slot * c.kv_stride,
-                           c.kv_stride, count, c.s.head_dim, scores + t * c.group * kChunk + column,
-                           kChunk, {});
+        const FloatRows k = head_rows(c, c.k, h, slot, count, &sc.piece);
+        c.kern.attn_scores(packed_tok_h + t * c.packed_tok, c.group, k.p, k.stride, count,
+                           c.s.head_dim, scores + t * c.group * kChunk + column, kChunk, {});
       });
     }
   }
@@ -386,20 +411,20 @@ void chunk_sums(const AttentionCall& c, const Block& blk, int h, const Chunk& ch
   const int64_t hd = c.s.head_dim;
   const int rows = blk.rows_per_head;
   const int64_t c0 = ch.c0, c1 = ch.c1, tile_cols = ch.tile_cols;
-  const float* v_h = c.v + h * hd;  // slot j's V row of head h at v_h + j * kv_stride
   std::fill_n(a, rows * hd, 0.0f);
   if (tile_cols > 0) {
-    c.kern.attn_accumulate(sc.scores.data(), kChunk, rows, v_h + c0 * c.kv_stride, c.kv_stride,
-                           tile_cols, c.s.head_dim, a, next_v);
+    const FloatRows v = head_rows(c, c.v, h, c0, tile_cols, &sc.v_tile);
+    c.kern.attn_accumulate(sc.scores.data(), kChunk, rows, v.p, v.stride, tile_cols, c.s.head_dim,
+                           a, next_v);
   }
   if (!ch.runs) return;
   for (int64_t t = 0; t < blk.n_tokens; ++t) {
     const int64_t i = blk.token_begin + t;
     if (!runs_in_chunk(c, i, c0, c1)) continue;
     for_run_pieces(c, i, c0, c1, [&](int64_t column, int64_t slot, int64_t count) {
-      c.kern.attn_accumulate(sc.side.data() + t * c.group * kChunk + column, kChunk, c.group,
-                             v_h + slot * c.kv_stride, c.kv_stride, count, c.s.head_dim,
-                             a + t * c.group * hd, {});
+      const FloatRows v = head_rows(c, c.v, h, slot, count, &sc.piece);
+      c.kern.attn_accumulate(sc.side.data() + t * c.group * kChunk + column, kChunk, c.group, v.p,
+                             v.stride, count, c.s.head_dim, a + t * c.group * hd, {});
     });
   }
 }
@@ -444,9 +469,9 @@ void merge_chunk(const AttentionCall& c, const Block& blk, int h, const Chunk& c
   chunk_probs(c, blk, h, ch, packed_h, packed_tok_h, sc, ml, ml + rows, next.k);
   c.kern.attn_merge_weights(ml, ml + rows, rows, big_m_h, big_l_h, ml + 2 * rows, ml + 3 * rows);
   if (!ch.runs && ch.tile_cols > 0) {
-    c.kern.attn_accumulate_merge(
-        sc.scores.data(), kChunk, rows, c.v + ch.c0 * c.kv_stride + h * c.s.head_dim, c.kv_stride,
-        ch.tile_cols, c.s.head_dim, ml + 2 * rows, ml + 3 * rows, big_a_h, next.v);
+    const FloatRows v = head_rows(c, c.v, h, ch.c0, ch.tile_cols, &sc.v_tile);
+    c.kern.attn_accumulate_merge(sc.scores.data(), kChunk, rows, v.p, v.stride, ch.tile_cols,
+                                 c.s.head_dim, ml + 2 * rows, ml + 3 * rows, big_a_h, next.v);
   } else {
     float* a = grow(&sc.a, rows * c.s.head_dim);  // [rows, head_dim]
     chunk_sums(c, blk, h, ch, sc, a, next.v);
@@ -623,8 +648,9 @@ void blocks_shared(const AttentionCall& c, SharedBuffers& shared, ThreadPool* po
   }
 }
 
-void attention_with(const OpsKernels& kern, const AttentionShape& s, const float* q, const float* k,
-                    const float* v, const uint8_t* mask, float* out, ThreadPool* pool) {
+void attention_with(const OpsKernels& kern, const AttentionShape& s, const float* q, const void* k,
+                    const void* v, KvType kv_type, const uint8_t* mask, float* out,
+                    ThreadPool* pool) {
   SPECDEC_CHECK(s.n_past >= 0 && s.n_new >= 0, "attention: negative token count");
   if (s.n_new == 0) return;
   SPECDEC_CHECK(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0,
@@ -641,6 +667,7 @@ void attention_with(const OpsKernels& kern, const AttentionShape& s, const float
       .q = q,
       .k = k,
       .v = v,
+      .kv_type = kv_type,
       .out = out,
       .plan = plan,
       .group = group,
@@ -691,14 +718,14 @@ void attention_with(const OpsKernels& kern, const AttentionShape& s, const float
 
 }  // namespace
 
-void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k, const float* v,
-                   const uint8_t* mask, float* out, ThreadPool* pool) {
-  attention_with(ops_kernels_for(isa, true), s, q, k, v, mask, out, pool);
+void attention_isa(Isa isa, const AttentionShape& s, const float* q, const void* k, const void* v,
+                   KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool) {
+  attention_with(ops_kernels_for(isa, true), s, q, k, v, kv_type, mask, out, pool);
 }
 
-void attention(const AttentionShape& s, const float* q, const float* k, const float* v,
-               const uint8_t* mask, float* out, ThreadPool* pool) {
-  attention_with(ops_kernels_for(active_isa(), false), s, q, k, v, mask, out, pool);
+void attention(const AttentionShape& s, const float* q, const void* k, const void* v,
+               KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool) {
+  attention_with(ops_kernels_for(active_isa(), false), s, q, k, v, kv_type, mask, out, pool);
 }
 
 }  // namespace specdec

@@ -1,6 +1,7 @@
 // Dispatch of the element-wise ops on active_isa() (or an explicit variant, for the tests) to the
 // per-ISA kernel tables. The attention driver, which uses the same tables, is in
 // attention_driver.cpp.
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cpu/ops.h"
@@ -37,6 +38,30 @@ void softmax_isa(Isa isa, float* x, int64_t n) {
   SPECDEC_CHECK(n >= 1, "softmax: empty input");
   const OpsKernels& kern = ops_kernels_for(isa, true);
   kern.scale(x, n, 1.0f / kern.exp_shifted_sum(x, n, kern.row_max(x, n)));
+}
+
+void f32_to_f16_isa(Isa isa, const float* x, int64_t n, uint16_t* y) {
+  ops_kernels_for(isa, true).f32_to_f16(x, n, y);
+}
+
+// n elements as rows of at most 2^20 (the kernel's column count is an int).
+void f16_to_f32_with(const OpsKernels& kern, const uint16_t* x, int64_t n, float* y) {
+  constexpr int64_t kRow = int64_t{1} << 20;
+  for (int64_t i = 0; i < n; i += kRow) {
+    kern.f16_to_f32_rows(x + i, kRow, 1, static_cast<int>(std::min(kRow, n - i)), y + i);
+  }
+}
+
+void f16_to_f32_isa(Isa isa, const uint16_t* x, int64_t n, float* y) {
+  f16_to_f32_with(ops_kernels_for(isa, true), x, n, y);
+}
+
+void f32_to_f16(const float* x, int64_t n, uint16_t* y) {
+  ops_kernels_for(active_isa(), false).f32_to_f16(x, n, y);
+}
+
+void f16_to_f32(const uint16_t* x, int64_t n, float* y) {
+  f16_to_f32_with(ops_kernels_for(active_isa(), false), x, n, y);
 }
 
 void rmsnorm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim,

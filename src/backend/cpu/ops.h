@@ -1,4 +1,5 @@
-// Element-wise and attention ops of the transformer forward pass, on float32 buffers.
+// Element-wise and attention ops of the transformer forward pass, on float32 buffers (the cached
+// K/V that attention reads may also be IEEE halves, see KvType).
 // Each op has a scalar reference (`*_ref` in ops_ref.cpp) and SIMD variants chosen at run time;
 // the conformance test compares every variant with the reference.
 #pragma once
@@ -6,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_features.h"
+#include "kv/kv_type.h"
 
 namespace specdec {
 
@@ -38,10 +40,17 @@ void rope_angles(const int32_t* positions, int64_t n_tokens, int rope_dim, float
 void rope_apply(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
                 int rope_dim, RopeStyle style);
 
+// IEEE half <-> float for n elements (the f16 KV cache). f32_to_f16 rounds to nearest even
+// (overflow to inf; a NaN stays a NaN, its payload is not specified); f16_to_f32 is exact.
+void f32_to_f16(const float* x, int64_t n, uint16_t* y);
+void f16_to_f32(const uint16_t* x, int64_t n, float* y);
+
 // Attention of n_new query tokens over a sequence's KV rows [0, n_past + n_new):
 //   q:   [n_new, n_heads, head_dim]
 //   k,v: [n_past + n_new, n_kv_heads, head_dim] (row j of the cache = token slot j; the new
-//        tokens' K/V are already written at slots n_past ..)
+//        tokens' K/V are already written at slots n_past ..), elements of kv_type (f16 rows are
+//        converted to float exactly, a chunk at a time, so the result is that of the float
+//        cache holding the same values)
 //   mask: [n_new, n_new] row-major, mask[i * n_new + j] != 0 if new token i may attend to new
 //        token j; nullptr means causal (j <= i). Every query sees all n_past cached slots.
 //   out: [n_new, n_heads, head_dim]
@@ -61,8 +70,13 @@ struct AttentionShape {
   int head_dim = 0;
   float scale = 1.0f;
 };
-void attention(const AttentionShape& s, const float* q, const float* k, const float* v,
-               const uint8_t* mask, float* out, ThreadPool* pool);
+void attention(const AttentionShape& s, const float* q, const void* k, const void* v,
+               KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool);
+// The same over a float cache.
+inline void attention(const AttentionShape& s, const float* q, const float* k, const float* v,
+                      const uint8_t* mask, float* out, ThreadPool* pool) {
+  attention(s, q, k, v, KvType::kF32, mask, out, pool);
+}
 
 // Index of the largest value (first one on ties). n >= 1.
 int64_t argmax(const float* x, int64_t n);
@@ -72,8 +86,14 @@ void rmsnorm_isa(Isa isa, const float* x, const float* weight, float eps, int64_
                  int64_t dim, float* y);
 void swiglu_isa(Isa isa, const float* gate, const float* up, int64_t n, float* out);
 void softmax_isa(Isa isa, float* x, int64_t n);
-void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k, const float* v,
-                   const uint8_t* mask, float* out, ThreadPool* pool);
+void f32_to_f16_isa(Isa isa, const float* x, int64_t n, uint16_t* y);
+void f16_to_f32_isa(Isa isa, const uint16_t* x, int64_t n, float* y);
+void attention_isa(Isa isa, const AttentionShape& s, const float* q, const void* k, const void* v,
+                   KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool);
+inline void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k,
+                          const float* v, const uint8_t* mask, float* out, ThreadPool* pool) {
+  attention_isa(isa, s, q, k, v, KvType::kF32, mask, out, pool);
+}
 
 // Visible-list positions per attention chunk: the softmax of a query is computed chunk by chunk
 // (each chunk with its own max) and the chunks are merged in order. Part of the numerics.
@@ -190,6 +210,12 @@ struct OpsKernels {
   void (*attn_accumulate_merge)(const float* p, int64_t ld_p, int n_q, const float* v,
                                 int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
                                 const float* wn, float* big_a, AttnPrefetch next);
+  // y[i] = half(x[i]) (round to nearest even), i < n.
+  void (*f32_to_f16)(const float* x, int64_t n, uint16_t* y);
+  // dst[r * cols + c] = float(src[r * src_stride + c]) for r < n_rows, c < cols (exact): the
+  // attention driver's f16 K/V rows of one KV head, into a float tile.
+  void (*f16_to_f32_rows)(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                          float* dst);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)

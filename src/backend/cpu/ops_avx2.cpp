@@ -522,6 +522,43 @@ void attn_accumulate_merge_avx2(const float* p, int64_t ld_p, int n_q, const flo
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
+// F16C conversions, 8 floats per instruction; tails through a stack buffer.
+void f32_to_f16_avx2(const float* x, int64_t n, uint16_t* y) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), h);
+  }
+  if (i < n) {
+    alignas(32) float xb[kLanes] = {};
+    alignas(16) uint16_t yb[kLanes];
+    for (int64_t j = i; j < n; ++j) xb[j - i] = x[j];
+    _mm_store_si128(reinterpret_cast<__m128i*>(yb),
+                    _mm256_cvtps_ph(_mm256_load_ps(xb), _MM_FROUND_TO_NEAREST_INT));
+    for (int64_t j = i; j < n; ++j) y[j] = yb[j - i];
+  }
+}
+
+void f16_to_f32_rows_avx2(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                          float* dst) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint16_t* s = src + r * src_stride;  // [cols]
+    float* d = dst + r * cols;                 // [cols]
+    int c = 0;
+    for (; c + kLanes <= cols; c += kLanes) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c));
+      _mm256_storeu_ps(d + c, _mm256_cvtph_ps(h));
+    }
+    if (c < cols) {
+      alignas(16) uint16_t sb[kLanes] = {};
+      alignas(32) float db[kLanes];
+      for (int j = c; j < cols; ++j) sb[j - c] = s[j];
+      _mm256_store_ps(db, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb))));
+      for (int j = c; j < cols; ++j) d[j] = db[j - c];
+    }
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_avx2() {
@@ -533,6 +570,7 @@ const OpsKernels& ops_kernels_avx2() {
       attn_scores_avx2,     attn_chunk_softmax_avx2,
       attn_accumulate_avx2, attn_merge_weights_avx2,
       attn_merge_rows_avx2, attn_accumulate_merge_avx2,
+      f32_to_f16_avx2,      f16_to_f32_rows_avx2,
   };
   return kernels;
 }

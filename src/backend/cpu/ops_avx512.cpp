@@ -623,6 +623,27 @@ void attn_accumulate_merge_avx512(const float* p, int64_t ld_p, int n_q, const f
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
+// 16 floats per conversion; tails with lane masks.
+void f32_to_f16_avx512(const float* x, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 t = tail_mask(n - i < kLanes ? n - i : kLanes);
+    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(t, x + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm256_mask_storeu_epi16(y + i, t, h);
+  }
+}
+
+void f16_to_f32_rows_avx512(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                            float* dst) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint16_t* s = src + r * src_stride;  // [cols]
+    float* d = dst + r * cols;                 // [cols]
+    for (int c = 0; c < cols; c += kLanes) {
+      const __mmask16 t = tail_mask(cols - c < kLanes ? cols - c : kLanes);
+      _mm512_mask_storeu_ps(d + c, t, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(t, s + c)));
+    }
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_avx512() {
@@ -633,6 +654,7 @@ const OpsKernels& ops_kernels_avx512() {
       attn_scores_avx512,     attn_chunk_softmax_avx512,
       attn_accumulate_avx512, attn_merge_weights_avx512,
       attn_merge_rows_avx512, attn_accumulate_merge_avx512,
+      f32_to_f16_avx512,      f16_to_f32_rows_avx512,
   };
   return kernels;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16
 #include "util/check.h"
 
 namespace specdec {
@@ -151,6 +152,17 @@ void attn_accumulate_merge_ref(const float* p, int64_t ld_p, int n_q, const floa
   }
 }
 
+void f32_to_f16_ref(const float* x, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+void f16_to_f32_rows_ref(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                         float* dst) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int c = 0; c < cols; ++c) dst[r * cols + c] = fp16_to_fp32(src[r * src_stride + c]);
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_ref() {
@@ -161,6 +173,7 @@ const OpsKernels& ops_kernels_ref() {
       attn_scores_ref,     attn_chunk_softmax_ref,
       attn_accumulate_ref, attn_merge_weights_ref,
       attn_merge_rows_ref, attn_accumulate_merge_ref,
+      f32_to_f16_ref,      f16_to_f32_rows_ref,
   };
   return kernels;
 }
