@@ -46,6 +46,7 @@ struct BenchOptions {
   bool chat = false;
   SamplingParams sampling;
   int ctx_size = 4096;
+  std::string kv_type = "f16";
 };
 
 // FLOPs of one prefill pass over n tokens from an empty cache: every weight matmul for every
@@ -85,7 +86,7 @@ void roofline_bench(const BenchOptions& o, Model& model, ThreadPool& pool, nlohm
     throw Error(fmt::format("-p {} plus -n {} exceed the model's context of {} tokens", o.n_prompt,
                             o.n_gen, c.n_ctx_train));
   }
-  KvCache kv = model.make_kv_cache(o.n_prompt + o.n_gen + 8);
+  KvCache kv = model.make_kv_cache(o.n_prompt + o.n_gen + 8, kv_type_from_option(o.kv_type));
   if (!quiet) fmt::print(stderr, "measuring memory bandwidth and FLOP peak ...\n");
   double bw_gbs = measure_read_bandwidth_gbs(&pool);
   // The peak of the arithmetic the prefill matmuls run on: quantized weights multiply 8-bit
@@ -182,10 +183,12 @@ void run_bench(BenchOptions& o) {
   j["model"] = path;
   j["threads"] = threads;
   j["isa"] = isa_name(active_isa());
+  j["kv_type"] = o.kv_type;
   if (!spec.proposer) roofline_bench(o, *model, pool, j);
   const int verify_context = std::clamp(o.n_prompt, 1, c.n_ctx_train - 16);
   if (!quiet) fmt::print(stderr, "verify cost: 8-token vs 1-token pass at context {} ...\n", verify_context);
-  j["verify_cost_ratio"] = measure_verify_cost_ratio(*model, &pool, verify_context, 20);
+  j["verify_cost_ratio"] =
+      measure_verify_cost_ratio(*model, &pool, verify_context, 20, kv_type_from_option(o.kv_type));
   j["verify_context"] = verify_context;
 
   if (spec.proposer) {
@@ -208,6 +211,7 @@ void run_bench(BenchOptions& o) {
     in.sampling = o.sampling;
     in.stop_tokens = tok->eog_ids();
     in.ctx_size = ctx;
+    in.kv_type = kv_type_from_option(o.kv_type);
     in.quiet = quiet;
     in.repeats = o.prompt_repeats;
     j.update(run_spec_bench(*model, &pool, spec, in));
@@ -217,7 +221,8 @@ void run_bench(BenchOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  fmt::print("model: {}\nthreads: {}, kernels: {}\n", c.summary(), threads, j["isa"].get<std::string>());
+  fmt::print("model: {}\nthreads: {}, kernels: {}, KV cache: {}\n", c.summary(), threads,
+             j["isa"].get<std::string>(), o.kv_type);
   if (j.contains("prefill_tok_s")) {
     fmt::print("measured read bandwidth: {:.1f} GB/s, measured peak: {:.1f} G op/s ({})\n",
                j["measured_bandwidth_gbs"].get<double>(), j["measured_peak_gflops"].get<double>(),
@@ -277,6 +282,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--seed", o->sampling.seed, "Random seed")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size, "Context size for --spec runs")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  add_kv_type_option(cmd, &o->kv_type);
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   add_spec_options(cmd, &o->spec);

@@ -20,10 +20,11 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps) {
+double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps,
+                                 KvType kv_type) {
   const ModelConfig& c = model.config();
   context = std::min(context, c.n_ctx_train - 16);
-  KvCache kv = model.make_kv_cache(context + 16);
+  KvCache kv = model.make_kv_cache(context + 16, kv_type);
   std::vector<int32_t> tokens(context + 8);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
   prefill(model, kv, {tokens.data(), static_cast<size_t>(context)}, 512, pool);
@@ -75,7 +76,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 
 nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
                               const SpecBenchInput& in) {
-  Generator gen(model, pool, in.ctx_size);
+  Generator gen(model, pool, in.ctx_size, in.kv_type);
   GenerationConfig plain;
   plain.max_new_tokens = in.n_gen;
   plain.sampling = in.sampling;

@@ -16,7 +16,8 @@ namespace specdec::cli {
 
 // time(pass over 8 new tokens) / time(pass over 1 new token) after `context` cached tokens,
 // median of `reps` alternating measurements.
-double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps);
+double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps,
+                                 KvType kv_type);
 
 struct SpecBenchInput {
   std::vector<std::vector<int32_t>> prompts;  // tokenized
@@ -24,6 +25,7 @@ struct SpecBenchInput {
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;
   int64_t ctx_size = 4096;
+  KvType kv_type = KvType::kF16;
   bool quiet = false;
   int repeats = 1;  // runs of each prompt per mode (alternating); per-prompt times are medians
 };

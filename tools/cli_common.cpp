@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "model/gguf.h"
@@ -58,6 +59,19 @@ std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool qu
 int default_threads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
+}
+
+void add_kv_type_option(CLI::App* cmd, std::string* value) {
+  cmd->add_option("--kv-type", *value,
+                  "KV cache element type: f16 (half the bytes per cached token) or f32")
+      ->check(CLI::IsMember({"f16", "f32"}))
+      ->capture_default_str();
+}
+
+KvType kv_type_from_option(const std::string& value) {
+  const std::optional<KvType> t = parse_kv_type(value);
+  if (!t) throw Error(fmt::format("--kv-type: unknown type '{}' (f16 or f32)", value));
+  return *t;
 }
 
 }  // namespace specdec::cli

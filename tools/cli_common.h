@@ -5,8 +5,13 @@
 #include <memory>
 #include <string>
 
+#include "kv/kv_type.h"
 #include "model/gguf.h"
 #include "model/model.h"
+
+namespace CLI {
+class App;
+}
 
 namespace specdec::cli {
 
@@ -18,6 +23,11 @@ std::string resolve_model_path(const std::string& flag_value);
 std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet);
 
 int default_threads();
+
+// --kv-type f16|f32 on `cmd` into *value (the default, f16, is llama.cpp's cache type).
+void add_kv_type_option(CLI::App* cmd, std::string* value);
+// The KvType of a validated --kv-type value.
+KvType kv_type_from_option(const std::string& value);
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

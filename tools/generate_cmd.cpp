@@ -28,6 +28,7 @@ struct GenerateOptions {
   int n_predict = 128;
   int threads = 0;
   int ctx_size = 4096;
+  std::string kv_type = "f16";
   bool chat = false;
   bool ignore_eos = false;
   std::string output_format = "text";
@@ -57,7 +58,7 @@ void run_generate(GenerateOptions& o) {
   const std::vector<int32_t> prompt = build_prompt(*tok, o);
   const int64_t ctx = std::min<int64_t>(o.ctx_size, model->config().n_ctx_train);
   ThreadPool pool(o.threads > 0 ? o.threads : default_threads());
-  Generator gen(*model, &pool, ctx);
+  Generator gen(*model, &pool, ctx, kv_type_from_option(o.kv_type));
   o.sampling.validate();
   SpecSetup spec = make_spec(o.spec, *model, &pool, ctx, o.sampling, /*quiet=*/false);
 
@@ -155,6 +156,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->ctx_size, "Context size in tokens (capped at the model's)")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
+  add_kv_type_option(cmd, &o->kv_type);
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   add_spec_options(cmd, &o->spec);

@@ -51,8 +51,8 @@ std::vector<float> prefill(Model& model, KvCache& kv, std::span<const int32_t> p
   return last_logits;
 }
 
-Generator::Generator(Model& model, ThreadPool* pool, int64_t ctx_size)
-    : model_(model), pool_(pool), kv_(model.make_kv_cache(ctx_size)) {}
+Generator::Generator(Model& model, ThreadPool* pool, int64_t ctx_size, KvType kv_type)
+    : model_(model), pool_(pool), kv_(model.make_kv_cache(ctx_size, kv_type)) {}
 
 std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
                                          const GenerationConfig& config,

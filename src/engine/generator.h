@@ -65,8 +65,8 @@ using TokenCallback = std::function<bool(int32_t token)>;
 
 class Generator {
  public:
-  // ctx_size: KV capacity (prompt + generated tokens). pool may be null.
-  Generator(Model& model, ThreadPool* pool, int64_t ctx_size);
+  // ctx_size: KV capacity (prompt + generated tokens), stored as kv_type. pool may be null.
+  Generator(Model& model, ThreadPool* pool, int64_t ctx_size, KvType kv_type = KvType::kF16);
 
   // Throws specdec::Error if the prompt is empty or does not leave room for one new token.
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerationConfig& config,

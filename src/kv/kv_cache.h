@@ -1,30 +1,38 @@
-// Per-sequence KV cache: for every layer, K and V rows for token slots [0, capacity).
-// Slot j holds the token the sequence committed j-th (its RoPE position is stored with it by the
-// caller's bookkeeping, usually j). A forward pass writes its new tokens at slots
-// [size(), size() + n_new) and grows size(); speculative verification then keeps what was
-// accepted with truncate() (a chain) or keep_slots() (a tree path, compacted into place).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "kv/kv_type.h"
+
 namespace specdec {
 
+// Per-sequence K/V cache: for every layer, one row of n_kv_heads * head_dim elements per token
+// slot, for K and for V, stored as `type()` (f16 by default, f32 for the exact reference
+// arithmetic). Slots [0, size()) hold tokens; a forward pass writes its new tokens' rows at
+// slots size() .. and append()s them; speculative decoding rolls back with truncate() or keeps
+// an accepted tree path with keep_slots().
 class KvCache {
  public:
-  KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity);
+  KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, KvType type = KvType::kF16);
 
   int64_t size() const { return size_; }
   int64_t capacity() const { return capacity_; }
   int n_layers() const { return n_layers_; }
-  int64_t row_floats() const { return row_floats_; }  // n_kv_heads * head_dim
+  KvType type() const { return type_; }
+  int64_t row_elems() const { return row_elems_; }  // n_kv_heads * head_dim
 
-  // K/V of one layer: [capacity, n_kv_heads, head_dim].
-  float* k(int layer) { return k_.data() + static_cast<size_t>(layer) * layer_floats(); }
-  float* v(int layer) { return v_.data() + static_cast<size_t>(layer) * layer_floats(); }
-  const float* k(int layer) const { return k_.data() + static_cast<size_t>(layer) * layer_floats(); }
-  const float* v(int layer) const { return v_.data() + static_cast<size_t>(layer) * layer_floats(); }
+  // K/V of one layer: [capacity, n_kv_heads, head_dim] elements of type() (float or IEEE half).
+  const void* k(int layer) const { return k_.data() + layer_offset(layer); }
+  const void* v(int layer) const { return v_.data() + layer_offset(layer); }
+
+  // Stores the float rows k, v: [n, n_kv_heads, head_dim] at slots [slot, slot + n) of `layer`
+  // (converted to type(), rounding to nearest even). slot + n <= capacity().
+  void write(int layer, int64_t slot, int64_t n, const float* k, const float* v);
+  // Reads slots [slot, slot + n) of `layer` back as floats into k, v: [n, n_kv_heads, head_dim]
+  // (either may be null). slot + n <= capacity().
+  void read(int layer, int64_t slot, int64_t n, float* k, float* v) const;
 
   // Marks n more slots as holding tokens (after a forward pass wrote them).
   void append(int64_t n);
@@ -36,14 +44,24 @@ class KvCache {
   void clear() { size_ = 0; }
 
  private:
-  size_t layer_floats() const { return static_cast<size_t>(capacity_) * row_floats_; }
+  size_t row_bytes() const { return static_cast<size_t>(row_elems_) * kv_type_bytes(type_); }
+  size_t layer_offset(int layer) const {
+    return static_cast<size_t>(layer) * static_cast<size_t>(capacity_) * row_bytes();
+  }
+  uint8_t* k_at(int layer, int64_t slot) {
+    return k_.data() + layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
+  }
+  uint8_t* v_at(int layer, int64_t slot) {
+    return v_.data() + layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
+  }
 
   int n_layers_;
-  int64_t row_floats_;
+  int64_t row_elems_;
   int64_t capacity_;
+  KvType type_;
   int64_t size_ = 0;
-  std::vector<float> k_;  // [n_layers, capacity, n_kv_heads, head_dim]
-  std::vector<float> v_;  // [n_layers, capacity, n_kv_heads, head_dim]
+  std::vector<uint8_t> k_;  // [n_layers, capacity, n_kv_heads, head_dim] of type_
+  std::vector<uint8_t> v_;  // [n_layers, capacity, n_kv_heads, head_dim] of type_
 };
 
 }  // namespace specdec

@@ -49,8 +49,8 @@ class Model {
   // FLOPs of the weight matmuls for one token (2 * multiply-adds).
   virtual int64_t matmul_flops_per_token() const = 0;
 
-  // A KV cache shaped for this model with room for `capacity` tokens.
-  KvCache make_kv_cache(int64_t capacity) const;
+  // A KV cache shaped for this model with room for `capacity` tokens, stored as `type`.
+  KvCache make_kv_cache(int64_t capacity, KvType type = KvType::kF16) const;
 
   // Runs the batch; the returned spans stay valid until the next forward call on this model.
   // Throws specdec::Error if the batch would not fit in the cache or a token id is out of range.

@@ -65,14 +65,20 @@ float max_diff(const float* a, const float* b, size_t n) {
   return d;
 }
 
-// Largest |difference| over all layers' K and V rows [0, a.size()); requires equal sizes.
+// Largest |difference| over all layers' K and V rows [0, a.size()) (as floats); requires equal
+// sizes.
 float kv_diff(const KvCache& a, const KvCache& b) {
   EXPECT_EQ(a.size(), b.size());
+  EXPECT_EQ(a.type(), b.type());
   float d = 0;
-  const size_t n = static_cast<size_t>(std::min(a.size(), b.size()) * a.row_floats());
+  const int64_t slots = std::min(a.size(), b.size());
+  const auto n = static_cast<size_t>(slots * a.row_elems());
+  std::vector<float> ak(n), av(n), bk(n), bv(n);  // [slots, n_kv_heads, head_dim]
   for (int l = 0; l < a.n_layers(); ++l) {
-    d = std::max(d, max_diff(a.k(l), b.k(l), n));
-    d = std::max(d, max_diff(a.v(l), b.v(l), n));
+    a.read(l, 0, slots, ak.data(), av.data());
+    b.read(l, 0, slots, bk.data(), bv.data());
+    d = std::max(d, max_diff(ak.data(), bk.data(), n));
+    d = std::max(d, max_diff(av.data(), bv.data(), n));
   }
   return d;
 }
@@ -83,7 +89,8 @@ struct Tolerance {
 };
 
 void check_tree_forward(Model& model, ThreadPool* pool, const std::vector<int32_t>& prefix,
-                        const std::vector<int32_t>& node_tokens, const char* name) {
+                        const std::vector<int32_t>& node_tokens, const char* name,
+                        KvType kv_type = KvType::kF16) {
   const Tolerance tol;
   const int n_vocab = model.config().n_vocab;
   const TokenTree tree = make_tree(node_tokens);
@@ -91,7 +98,7 @@ void check_tree_forward(Model& model, ThreadPool* pool, const std::vector<int32_
   const int64_t past = static_cast<int64_t>(prefix.size());
   const int64_t cap = past + n + 2;
 
-  KvCache base = model.make_kv_cache(cap);
+  KvCache base = model.make_kv_cache(cap, kv_type);
   prefill(model, base, prefix, 512, pool);
   ASSERT_EQ(base.size(), past);
 
@@ -194,6 +201,8 @@ TEST(TreeForward, Stories260K) {
   check_tree_forward(*model, &pool, prefix, nodes, "stories260K");
   // Without a pool, and with a one-token prefix.
   check_tree_forward(*model, nullptr, {tok->bos_id()}, nodes, "stories260K (no pool, BOS)");
+  // A float cache.
+  check_tree_forward(*model, &pool, prefix, nodes, "stories260K (f32 KV)", KvType::kF32);
 }
 
 TEST(TreeForward, SmolLM2) {

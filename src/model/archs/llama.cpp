@@ -82,6 +82,8 @@ class LlamaModel final : public Model {
   std::vector<float> proj_;    // [n, dim] output of Wo / Wdown
   std::vector<float> gate_;    // [n, ffn_dim]
   std::vector<float> up_;      // [n, ffn_dim]
+  std::vector<float> k_new_;   // [n, kv_dim] the batch's K rows (after RoPE), then cached
+  std::vector<float> v_new_;   // [n, kv_dim] the batch's V rows, then cached
   std::vector<float> qkv_;     // [n, q_dim + 2 kv_dim] output of the stacked Q/K/V matmul
   std::vector<float> gate_up_;  // [n, 2 ffn_dim] output of the stacked gate/up matmul
   std::vector<float> sel_;     // [n_out, dim] final-normed rows chosen for output
@@ -265,6 +267,8 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
   float* proj = grow(proj_, n * c.dim);    // [n, dim]
   float* gate = grow(gate_, n * c.ffn_dim);  // [n, ffn_dim]
   float* up = grow(up_, n * c.ffn_dim);    // [n, ffn_dim]
+  float* k_new = grow(k_new_, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
+  float* v_new = grow(v_new_, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
   const uint8_t* mask = batch.mask.empty() ? nullptr : batch.mask.data();
 
   for (int64_t i = 0; i < n; ++i) dequantize_row(tok_embd_, batch.tokens[i], x + i * c.dim);
@@ -288,8 +292,6 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     // Attention block.
     rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
     dump("attn_norm", l, xn, n, c.dim);
-    float* k_new = kv.k(l) + n_past * kv_row;  // [n, n_kv_heads, head_dim] written in place
-    float* v_new = kv.v(l) + n_past * kv_row;  // [n, n_kv_heads, head_dim]
     if (w.qkv.packed != nullptr && active_isa() == Isa::kAvx512) {
       const int64_t width = c.q_dim() + 2 * kv_row;
       float* qkv = grow(qkv_, n * width);  // [n, q_dim + 2 kv_dim]
@@ -312,18 +314,19 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     dump("q_rope", l, q, n, c.q_dim());
     dump("k_rope", l, k_new, n, kv_row);
     dump("v", l, v_new, n, kv_row);
+    kv.write(l, n_past, n, k_new, v_new);  // slots [n_past, n_past + n), in the cache's type
     if (solo_attention(n, n_past, pool)) {
       // Little attention work: thread 0 does it alone (cheaper than sharing it), the other
       // threads meanwhile bring the start of their stretch of wo into their caches.
       pool->run([&](int ti, int nt) {
         if (ti == 0) {
-          attention(shape, q, kv.k(l), kv.v(l), mask, attn, nullptr);
+          attention(shape, q, kv.k(l), kv.v(l), kv.type(), mask, attn, nullptr);
         } else {
           matmul_prefetch(w.wo, ti, nt, kSoloPrefetchBytes);
         }
       });
     } else {
-      attention(shape, q, kv.k(l), kv.v(l), mask, attn, pool);
+      attention(shape, q, kv.k(l), kv.v(l), kv.type(), mask, attn, pool);
     }
     dump("attn_out", l, attn, n, c.q_dim());
     matmul(w.wo, attn, n, proj, pool);
@@ -373,8 +376,8 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
 Model::Model(std::unique_ptr<GgufFile> file, ModelConfig config)
     : file_(std::move(file)), config_(std::move(config)) {}
 
-KvCache Model::make_kv_cache(int64_t capacity) const {
-  return KvCache(config_.n_layers, config_.n_kv_heads, config_.head_dim, capacity);
+KvCache Model::make_kv_cache(int64_t capacity, KvType type) const {
+  return KvCache(config_.n_layers, config_.n_kv_heads, config_.head_dim, capacity, type);
 }
 
 std::unique_ptr<Model> Model::load(const std::string& path) {
