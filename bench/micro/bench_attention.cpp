@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/quant_blocks.h"  // fp32_to_fp16
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
 
@@ -150,7 +149,7 @@ int run_bench(int argc, char** argv) {
     if (kv_type == KvType::kF16) {
       auto halves = [](const std::vector<float>& x) {
         std::vector<uint16_t> h(x.size());
-        for (size_t e = 0; e < x.size(); ++e) h[e] = fp32_to_fp16(x[e]);
+        f32_to_f16(x.data(), static_cast<int64_t>(x.size()), h.data());
         return h;
       };
       for (int l = 0; l < layers; ++l) {
