@@ -29,6 +29,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
+#include "kv/k_tiles.h"
 
 namespace specdec {
 namespace {
@@ -121,7 +122,7 @@ int run_bench(int argc, char** argv) {
     AttentionShape s;
     int64_t kv_elems = 0;
     std::vector<std::vector<float>> k, v;  // [layer][n_past + n_new, n_kv_heads, head_dim]
-    std::vector<std::vector<uint16_t>> k16, v16;  // the same as halves (--kv-type f16)
+    std::vector<std::vector<uint16_t>> k16, v16;  // the same as halves (--kv-type f16; K tiles)
     std::vector<float> q;                  // [n_new, n_heads, head_dim]
     std::vector<float> out;                // [n_new, n_heads, head_dim]
     std::vector<uint8_t> mask;             // [n_new, n_new] with --tree
@@ -152,8 +153,12 @@ int run_bench(int argc, char** argv) {
         f32_to_f16(x.data(), static_cast<int64_t>(x.size()), h.data());
         return h;
       };
+      const int64_t slots = c.n_past + c.n_new;
       for (int l = 0; l < layers; ++l) {
-        run.k16.push_back(halves(run.k[l]));
+        const std::vector<uint16_t> k_rows = halves(run.k[l]);
+        std::vector<uint16_t> tiles(static_cast<size_t>(k_tile_slots(slots) * kKvHeads * kHeadDim));
+        k_rows_to_tiles(k_rows.data(), 0, slots, kKvHeads, kHeadDim, tiles.data());
+        run.k16.push_back(std::move(tiles));
         run.v16.push_back(halves(run.v[l]));
       }
       run.k.clear();

@@ -3,19 +3,24 @@
 #include <cstring>
 
 #include "backend/cpu/ops.h"  // f32_to_f16, f16_to_f32
+#include "kv/k_tiles.h"
 #include "util/check.h"
 
 namespace specdec {
 
 KvCache::KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, KvType type)
     : n_layers_(n_layers),
+      n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
       row_elems_(static_cast<int64_t>(n_kv_heads) * head_dim),
       capacity_(capacity),
+      k_slots_(k_tiled(type) ? k_tile_slots(capacity) : capacity),
       type_(type) {
   SPECDEC_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && capacity > 0, "bad KV shape");
-  const size_t bytes = static_cast<size_t>(n_layers) * static_cast<size_t>(capacity) * row_bytes();
-  k_.resize(bytes);
-  v_.resize(bytes);
+  const auto layers = static_cast<size_t>(n_layers);
+  // Zeroed: the tail of a partly filled tile is read (and discarded) by the attention kernels.
+  k_.resize(layers * static_cast<size_t>(k_slots_) * row_bytes());
+  v_.resize(layers * static_cast<size_t>(capacity) * row_bytes());
 }
 
 void KvCache::write(int layer, int64_t slot, int64_t n, const float* k, const float* v) {
@@ -26,24 +31,46 @@ void KvCache::write(int layer, int64_t slot, int64_t n, const float* k, const fl
     std::memcpy(k_at(layer, slot), k, static_cast<size_t>(elems) * sizeof(float));
     std::memcpy(v_at(layer, slot), v, static_cast<size_t>(elems) * sizeof(float));
   } else {
-    f32_to_f16(k, elems, reinterpret_cast<uint16_t*>(k_at(layer, slot)));
+    uint16_t* rows = grow_halves(elems);  // [n, n_kv_heads, head_dim]
+    f32_to_f16(k, elems, rows);
+    k_rows_to_tiles(rows, slot, n, n_kv_heads_, head_dim_, k_tiles(layer));
     f32_to_f16(v, elems, reinterpret_cast<uint16_t*>(v_at(layer, slot)));
   }
+}
+
+uint16_t* KvCache::grow_halves(int64_t n) {
+  if (halves_.size() < static_cast<size_t>(n)) halves_.resize(static_cast<size_t>(n));
+  return halves_.data();
 }
 
 void KvCache::read(int layer, int64_t slot, int64_t n, float* k, float* v) const {
   SPECDEC_CHECK(layer >= 0 && layer < n_layers_ && slot >= 0 && n >= 0 && slot + n <= capacity_,
                 "KV read outside the cache");
   const int64_t elems = n * row_elems_;
-  const size_t offset = layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
-  for (int which = 0; which < 2; ++which) {
-    float* dst = which == 0 ? k : v;
-    if (dst == nullptr) continue;
-    const uint8_t* src = (which == 0 ? k_ : v_).data() + offset;
+  if (v != nullptr) {
+    const uint8_t* src = v_.data() + layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
     if (type_ == KvType::kF32) {
-      std::memcpy(dst, src, static_cast<size_t>(elems) * sizeof(float));
+      std::memcpy(v, src, static_cast<size_t>(elems) * sizeof(float));
     } else {
-      f16_to_f32(reinterpret_cast<const uint16_t*>(src), elems, dst);
+      f16_to_f32(reinterpret_cast<const uint16_t*>(src), elems, v);
+    }
+  }
+  if (k == nullptr) return;
+  if (type_ == KvType::kF32) {
+    const uint8_t* src = k_.data() + k_layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
+    std::memcpy(k, src, static_cast<size_t>(elems) * sizeof(float));
+    return;
+  }
+  // Tiles -> rows, one head at a time, then -> float: [n, n_kv_heads, head_dim].
+  const auto* tiles = static_cast<const uint16_t*>(this->k(layer));
+  std::vector<uint16_t> head(static_cast<size_t>(n * head_dim_));  // [n, head_dim]
+  std::vector<float> head_f(head.size());
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    k_tiles_to_head_rows(tiles, slot, n, h, n_kv_heads_, head_dim_, head.data());
+    f16_to_f32(head.data(), n * head_dim_, head_f.data());
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(k + i * row_elems_ + static_cast<int64_t>(h) * head_dim_,
+                  head_f.data() + i * head_dim_, static_cast<size_t>(head_dim_) * sizeof(float));
     }
   }
 }
@@ -69,7 +96,17 @@ void KvCache::keep_slots(int64_t base, std::span<const int64_t> keep) {
     for (size_t i = 0; i < keep.size(); ++i) {
       const int64_t dst = base + static_cast<int64_t>(i);
       if (keep[i] == dst) continue;
-      std::memcpy(k_at(layer, dst), k_at(layer, keep[i]), row_bytes());
+      if (k_tiled(type_)) {
+        uint16_t* tiles = k_tiles(layer);
+        for (int h = 0; h < n_kv_heads_; ++h) {
+          for (int d = 0; d < head_dim_; ++d) {
+            tiles[k_tile_index(dst, h, d, n_kv_heads_, head_dim_)] =
+                tiles[k_tile_index(keep[i], h, d, n_kv_heads_, head_dim_)];
+          }
+        }
+      } else {
+        std::memcpy(k_at(layer, dst), k_at(layer, keep[i]), row_bytes());
+      }
       std::memcpy(v_at(layer, dst), v_at(layer, keep[i]), row_bytes());
     }
   }

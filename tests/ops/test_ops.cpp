@@ -16,6 +16,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16: the scalar conversions
 #include "backend/cpu/thread_pool.h"
+#include "kv/k_tiles.h"
 
 namespace specdec {
 namespace {
@@ -772,9 +773,10 @@ TEST(Ops, F32ToF16EqualsReference) {
   }
 }
 
-// Attention over an f16 cache is attention over the float cache holding the same (rounded)
-// values, bit for bit: every variant, no pool and 2 / 3 threads, causal, tree and arbitrary
-// masks, runs across chunk boundaries, head_dim with SIMD tails.
+// Attention over an f16 cache (K in tiles) is attention over the float cache holding the same
+// (rounded) values, bit for bit: every variant, no pool and 2 / 3 threads, causal, tree and
+// arbitrary masks, runs across chunk boundaries, head_dim with SIMD tails, slot counts that end
+// inside a tile (whose unused lanes hold NaN), 1 to 48 query rows per KV head.
 TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
   std::mt19937 gen(16);
   ThreadPool pool2(2), pool3(3);
@@ -786,7 +788,10 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
   const Case cases[] = {{make_shape(0, 1, 9, 3, 64), 0},    {make_shape(300, 1, 9, 3, 64), 0},
                         {make_shape(130, 8, 9, 3, 64), 1},  {make_shape(60, 16, 9, 3, 64), 2},
                         {make_shape(0, 200, 9, 3, 64), 0},  {make_shape(20, 70, 4, 2, 20), 1},
-                        {make_shape(17, 5, 6, 2, 7), 2},    {make_shape(1000, 3, 32, 8, 128), 0}};
+                        {make_shape(17, 5, 6, 2, 7), 2},    {make_shape(1000, 3, 32, 8, 128), 0},
+                        // 1-3 query rows per KV head (the K-tile kernel), head_dim tails:
+                        {make_shape(40, 1, 6, 2, 7), 0},    {make_shape(33, 1, 4, 2, 20), 0},
+                        {make_shape(70, 1, 2, 2, 13), 0},   {make_shape(95, 1, 9, 3, 64), 0}};
   for (const Case& c : cases) {
     const AttentionShape& s = c.s;
     const int64_t n_kv = s.n_past + s.n_new;
@@ -794,13 +799,17 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
     const std::vector<float> q = random_vector(gen, s.n_new * s.n_heads * s.head_dim, -2, 2);
     std::vector<float> k = random_vector(gen, kv_elems, -2, 2);
     std::vector<float> v = random_vector(gen, kv_elems, -1, 1);
-    std::vector<uint16_t> k16(static_cast<size_t>(kv_elems)), v16(static_cast<size_t>(kv_elems));
+    std::vector<uint16_t> k_rows(static_cast<size_t>(kv_elems)), v16(static_cast<size_t>(kv_elems));
     for (int64_t e = 0; e < kv_elems; ++e) {
-      k16[e] = fp32_to_fp16(k[e]);
+      k_rows[e] = fp32_to_fp16(k[e]);
       v16[e] = fp32_to_fp16(v[e]);
-      k[e] = fp16_to_fp32(k16[e]);
+      k[e] = fp16_to_fp32(k_rows[e]);
       v[e] = fp16_to_fp32(v16[e]);
     }
+    // K of an f16 cache is tiles; the tail of the last tile holds garbage the kernels may read.
+    std::vector<uint16_t> k16(
+        static_cast<size_t>(k_tile_slots(n_kv) * s.n_kv_heads * s.head_dim), 0x7e00);  // NaN
+    k_rows_to_tiles(k_rows.data(), 0, n_kv, s.n_kv_heads, s.head_dim, k16.data());
     const std::vector<uint8_t> mask_bytes = c.mask_kind == 1   ? tree_mask(gen, s.n_new)
                                             : c.mask_kind == 2 ? random_mask(gen, s.n_new)
                                                                : std::vector<uint8_t>{};

@@ -1,5 +1,6 @@
 // KvCache: rows written as floats come back exactly (f32) or rounded to half (f16), in place and
-// per layer; keep_slots moves exactly the listed rows of every layer; out-of-range use stops.
+// per layer (f16 K in tiles of 16 slots, ranges crossing tiles); keep_slots moves exactly the
+// listed rows of every layer; out-of-range use stops.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16
+#include "kv/k_tiles.h"
 #include "kv/kv_cache.h"
 
 namespace specdec {
@@ -32,50 +34,67 @@ class KvCacheTest : public ::testing::TestWithParam<KvType> {};
 TEST_P(KvCacheTest, WriteReadRoundTripPerLayer) {
   const KvType t = GetParam();
   std::mt19937 gen(1);
-  KvCache kv(kLayers, kKvHeads, kHeadDim, 8, t);
+  constexpr int64_t kFirst = 13, kN = 20;  // slots 13..32: parts of three K tiles
+  KvCache kv(kLayers, kKvHeads, kHeadDim, 40, t);
   EXPECT_EQ(kv.type(), t);
   EXPECT_EQ(kv.row_elems(), kRow);
   std::vector<std::vector<float>> k(kLayers), v(kLayers);
   for (int l = 0; l < kLayers; ++l) {
-    k[l] = random_rows(gen, 5);
-    v[l] = random_rows(gen, 5);
-    kv.write(l, 2, 5, k[l].data(), v[l].data());  // slots 2..6
+    k[l] = random_rows(gen, kN);
+    v[l] = random_rows(gen, kN);
+    kv.write(l, kFirst, kN, k[l].data(), v[l].data());
   }
   for (int l = 0; l < kLayers; ++l) {
-    std::vector<float> kr(5 * kRow), vr(5 * kRow);
-    kv.read(l, 2, 5, kr.data(), vr.data());
-    for (int64_t e = 0; e < 5 * kRow; ++e) {
+    std::vector<float> kr(kN * kRow), vr(kN * kRow);
+    kv.read(l, kFirst, kN, kr.data(), vr.data());
+    for (int64_t e = 0; e < kN * kRow; ++e) {
       ASSERT_EQ(kr[e], stored(t, k[l][e])) << "layer " << l << " K element " << e;
       ASSERT_EQ(vr[e], stored(t, v[l][e])) << "layer " << l << " V element " << e;
     }
   }
-  // The raw layer view holds the same elements at the slot's offset.
-  const float first = stored(t, k[1][0]);
-  const float raw = t == KvType::kF16
-                        ? fp16_to_fp32(static_cast<const uint16_t*>(kv.k(1))[2 * kRow])
-                        : static_cast<const float*>(kv.k(1))[2 * kRow];
-  EXPECT_EQ(raw, first);
+  // The raw layer views hold the elements where the layout says: K rows (f32) or tiles (f16).
+  for (int64_t i = 0; i < kN; ++i) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      for (int d = 0; d < kHeadDim; ++d) {
+        const int64_t e = i * kRow + h * kHeadDim + d;
+        const int64_t slot = kFirst + i;
+        const float raw_k =
+            t == KvType::kF16
+                ? fp16_to_fp32(static_cast<const uint16_t*>(kv.k(1))[k_tile_index(
+                      slot, h, d, kKvHeads, kHeadDim)])
+                : static_cast<const float*>(kv.k(1))[slot * kRow + h * kHeadDim + d];
+        const float raw_v = t == KvType::kF16
+                                ? fp16_to_fp32(static_cast<const uint16_t*>(kv.v(1))[slot * kRow +
+                                                                                     h * kHeadDim + d])
+                                : static_cast<const float*>(kv.v(1))[slot * kRow + h * kHeadDim + d];
+        ASSERT_EQ(raw_k, stored(t, k[1][e])) << "slot " << slot << " head " << h << " dim " << d;
+        ASSERT_EQ(raw_v, stored(t, v[1][e])) << "slot " << slot << " head " << h << " dim " << d;
+      }
+    }
+  }
 }
 
 TEST_P(KvCacheTest, KeepSlotsMovesListedRowsOfEveryLayer) {
   const KvType t = GetParam();
   std::mt19937 gen(2);
-  KvCache kv(kLayers, kKvHeads, kHeadDim, 10, t);
+  KvCache kv(kLayers, kKvHeads, kHeadDim, 40, t);
   std::vector<std::vector<float>> k(kLayers), v(kLayers);
   for (int l = 0; l < kLayers; ++l) {
-    k[l] = random_rows(gen, 9);
-    v[l] = random_rows(gen, 9);
-    kv.write(l, 0, 9, k[l].data(), v[l].data());
+    k[l] = random_rows(gen, 37);
+    v[l] = random_rows(gen, 37);
+    kv.write(l, 0, 37, k[l].data(), v[l].data());
   }
-  kv.append(9);
-  const std::vector<int64_t> keep = {4, 6, 8};
-  kv.keep_slots(3, keep);  // slots 0..2 stay, then 4, 6, 8 move to 3, 4, 5
-  ASSERT_EQ(kv.size(), 6);
-  const int64_t source[6] = {0, 1, 2, 4, 6, 8};
+  kv.append(37);
+  const std::vector<int64_t> keep = {15, 16, 20, 33, 36};  // from K tiles 0, 1 and 2
+  kv.keep_slots(14, keep);  // slots 0..13 stay, then 15, 16, 20, 33, 36 move to 14 .. 18
+  ASSERT_EQ(kv.size(), 19);
+  std::vector<int64_t> source;
+  for (int64_t s = 0; s < 14; ++s) source.push_back(s);
+  source.insert(source.end(), keep.begin(), keep.end());
   for (int l = 0; l < kLayers; ++l) {
-    std::vector<float> kr(6 * kRow), vr(6 * kRow);
-    kv.read(l, 0, 6, kr.data(), vr.data());
-    for (int64_t s = 0; s < 6; ++s) {
+    std::vector<float> kr(19 * kRow), vr(19 * kRow);
+    kv.read(l, 0, 19, kr.data(), vr.data());
+    for (int64_t s = 0; s < 19; ++s) {
       for (int64_t e = 0; e < kRow; ++e) {
         ASSERT_EQ(kr[s * kRow + e], stored(t, k[l][source[s] * kRow + e])) << l << " " << s;
         ASSERT_EQ(vr[s * kRow + e], stored(t, v[l][source[s] * kRow + e])) << l << " " << s;

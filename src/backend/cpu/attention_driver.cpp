@@ -33,11 +33,13 @@
 // barrier each thread finishes the merge of a share of the rows.
 //
 // Memory: decode and verification stream the cached K/V from DRAM (the rest of the forward pass
-// evicts them between layers). An f16 cache is read through a float tile: the (chunk, KV head)
-// rows a kernel call needs are converted first (exactly), so the kernels are those of the float
-// cache and see the same values. A thread working on a chunk has the kernels prefetch the next
-// chunk it will work on (AttnPrefetch), a third per KV head, so that the next K/V rows arrive
-// while it computes.
+// evicts them between layers). An f16 cache keeps K in tiles of 16 slots (kv/k_tiles.h): where
+// the variant has attn_scores_k16 the scores of a chunk's tile columns read the tiles directly
+// (bitwise the scores of attn_scores on the same values); otherwise, and for run pieces, the
+// K rows a kernel call needs are converted (exactly) into a float tile, and so are the V rows
+// always, so the kernels are those of the float cache and see the same values. A thread working
+// on a chunk has the kernels prefetch the next chunk it will work on (AttnPrefetch), a third per
+// KV head, so that the next K/V rows arrive while it computes.
 //
 // Invariance: a query vector's output depends only on q and the contents of its ordered visible
 // list. A score is one dot product whose instruction sequence does not depend on the rest of the
@@ -56,6 +58,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
+#include "kv/k_tiles.h"
 #include "util/check.h"
 
 namespace specdec {
@@ -65,6 +68,11 @@ constexpr int64_t kChunk = kAttnChunk;
 // Query vectors of one KV head per block: large enough that each K/V tile is reused by many
 // rows (16 tokens of a 3-head group), small enough that a block's scratch stays in L1/L2.
 constexpr int64_t kBlockRowsPerHead = 48;
+// Query rows of a KV head below which the scores of an f16 cache read the K tiles directly
+// (attn_scores_k16: decode with up to 3 query heads per KV head); from it on, the tiles are
+// converted to float rows and attn_scores' 4-row lanes serve the rows (bench_attention:
+// reconverting the tiles per 3-row pass makes 8-token verification ~1.7x slower).
+constexpr int kTiledScoreRows = 4;
 // Blocks per thread from which each block is one thread's task; below it the threads share each
 // block.
 constexpr int64_t kTasksPerThread = 4;
@@ -128,6 +136,7 @@ struct Scratch {
   std::vector<float> k_tile;      // [kChunk, head_dim] K rows of an f16 cache as floats
   std::vector<float> v_tile;      // [kChunk, head_dim] V rows of an f16 cache as floats
   std::vector<float> piece;       // [kChunk, head_dim] K or V rows of a run piece (f16 cache)
+  std::vector<uint16_t> k_half;   // [kChunk, head_dim] K rows gathered from f16 tiles
 };
 
 // Both grow to the largest call seen and are kept, so steady-state calls do not allocate
@@ -215,7 +224,7 @@ struct AttentionCall {
   const OpsKernels& kern;
   const AttentionShape& s;
   const float* q;  // [n_new, n_heads, head_dim]
-  const void* k;   // [n_past + n_new, n_kv_heads, head_dim] of kv_type
+  const void* k;   // [n_past + n_new, n_kv_heads, head_dim] of kv_type (f16: K tiles)
   const void* v;   // [n_past + n_new, n_kv_heads, head_dim] of kv_type
   KvType kv_type;
   float* out;      // [n_new, n_heads, head_dim]
@@ -314,6 +323,19 @@ FloatRows head_rows(const AttentionCall& c, const void* kv, int h, int64_t slot,
   return {t, c.s.head_dim};
 }
 
+// head_rows for K, whose f16 layout is tiles: gathered into rows of halves first.
+FloatRows k_head_rows(const AttentionCall& c, int h, int64_t slot, int64_t count,
+                      std::vector<float>* tile, Scratch& sc) {
+  if (!k_tiled(c.kv_type)) return head_rows(c, c.k, h, slot, count, tile);
+  const int64_t hd = c.s.head_dim;
+  uint16_t* rows = grow(&sc.k_half, count * hd);  // [count, head_dim]
+  k_tiles_to_head_rows(static_cast<const uint16_t*>(c.k), slot, count, h, c.s.n_kv_heads, hd,
+                       rows);
+  float* t = grow(tile, count * hd);
+  c.kern.f16_to_f32_rows(rows, hd, count, static_cast<int>(hd), t);
+  return {t, hd};
+}
+
 // Chunk `chunk` of the block: its columns [c0, c1) of visible positions, the tile slots
 // [c0, c0 + tile_cols) scored for all rows, and whether any token has run positions in it.
 struct Chunk {
@@ -351,11 +373,15 @@ NextRows chunk_part(const AttentionCall& c, const Block& blk, int64_t chunk, int
   const int64_t n = std::min(std::min(c0 + kChunk, blk.max_visible), blk.tile_end) - c0;
   if (n <= 0) return next;
   const auto row_bytes = static_cast<int64_t>(c.kv_stride * kv_type_bytes(c.kv_type));
-  const int64_t bytes = n * row_bytes;
-  const int64_t begin = bytes * part / parts;
-  const int64_t end = bytes * (part + 1) / parts;
-  next.k = {static_cast<const char*>(c.k) + c0 * row_bytes + begin, end - begin};
-  next.v = {static_cast<const char*>(c.v) + c0 * row_bytes + begin, end - begin};
+  auto part_of = [&](const void* base, int64_t slots) {
+    const int64_t bytes = slots * row_bytes;
+    const int64_t begin = bytes * part / parts;
+    const int64_t end = bytes * (part + 1) / parts;
+    return AttnPrefetch{static_cast<const char*>(base) + c0 * row_bytes + begin, end - begin};
+  };
+  // K tiles: the chunk's slots are whole tiles (c0 is a multiple of 16), the last one entire.
+  next.k = part_of(c.k, k_tiled(c.kv_type) ? k_tile_slots(n) : n);
+  next.v = part_of(c.v, n);
   return next;
 }
 
@@ -373,16 +399,31 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
     std::fill_n(n_valid + t * c.group, c.group, static_cast<int32_t>(n));
   }
   if (tile_cols > 0) {
-    const FloatRows k = head_rows(c, c.k, h, c0, tile_cols, &sc.k_tile);
-    c.kern.attn_scores(packed_h, rows, k.p, k.stride, tile_cols, c.s.head_dim, scores, kChunk,
-                       next_k);
+    const int64_t n_kv = c.s.n_kv_heads, hd = c.s.head_dim;
+    const auto* kt = static_cast<const uint16_t*>(c.k) + k_tile_index(c0, h, 0, n_kv, hd);
+    const int64_t tile_stride = n_kv * hd * kKTileSlots;
+    if (k_tiled(c.kv_type) && rows < kTiledScoreRows && c.kern.attn_scores_k16 != nullptr) {
+      c.kern.attn_scores_k16(packed_h, rows, kt, tile_stride, tile_cols, c.s.head_dim, scores,
+                             kChunk, next_k);
+    } else {
+      FloatRows k;
+      if (k_tiled(c.kv_type) && c.kern.k16_tiles_to_rows != nullptr) {
+        float* t = grow(&sc.k_tile, tile_cols * hd);
+        c.kern.k16_tiles_to_rows(kt, tile_stride, tile_cols, c.s.head_dim, t);
+        k = {t, hd};
+      } else {
+        k = k_head_rows(c, h, c0, tile_cols, &sc.k_tile, sc);
+      }
+      c.kern.attn_scores(packed_h, rows, k.p, k.stride, tile_cols, c.s.head_dim, scores, kChunk,
+                         next_k);
+    }
   }
   if (ch.runs) {
     for (int64_t t = 0; t < blk.n_tokens; ++t) {
       const int64_t i = blk.token_begin + t;
       if (!runs_in_chunk(c, i, c0, c1)) continue;
       for_run_pieces(c, i, c0, c1, [&](int64_t column, int64_t slot, int64_t count) {
-        const FloatRows k = head_rows(c, c.k, h, slot, count, &sc.piece);
+        const FloatRows k = k_head_rows(c, h, slot, count, &sc.piece, sc);
         c.kern.attn_scores(packed_tok_h + t * c.packed_tok, c.group, k.p, k.stride, count,
                            c.s.head_dim, scores + t * c.group * kChunk + column, kChunk, {});
       });

@@ -48,9 +48,10 @@ void f16_to_f32(const uint16_t* x, int64_t n, float* y);
 // Attention of n_new query tokens over a sequence's KV rows [0, n_past + n_new):
 //   q:   [n_new, n_heads, head_dim]
 //   k,v: [n_past + n_new, n_kv_heads, head_dim] (row j of the cache = token slot j; the new
-//        tokens' K/V are already written at slots n_past ..), elements of kv_type (f16 rows are
-//        converted to float exactly, a chunk at a time, so the result is that of the float
-//        cache holding the same values)
+//        tokens' K/V are already written at slots n_past ..), elements of kv_type; for kF16, K
+//        is in tiles of 16 slots instead (kv/k_tiles.h: [ceil(slots / 16), n_kv_heads,
+//        head_dim, 16], the whole last tile allocated). f16 values enter the arithmetic exactly,
+//        so the result is that of the float cache holding the same values.
 //   mask: [n_new, n_new] row-major, mask[i * n_new + j] != 0 if new token i may attend to new
 //        token j; nullptr means causal (j <= i). Every query sees all n_past cached slots.
 //   out: [n_new, n_heads, head_dim]
@@ -216,6 +217,19 @@ struct OpsKernels {
   // attention driver's f16 K/V rows of one KV head, into a float tile.
   void (*f16_to_f32_rows)(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
                           float* dst);
+  // attn_scores over K of an f16 cache in tiles (kv/k_tiles.h): slots [0, n_slots) of one KV
+  // head, kt at dim 0 of the tile holding slot 0 (a tile's first slot), consecutive tiles of
+  // the head tile_stride halves apart. Each score bitwise what attn_scores gives for the same
+  // values as float rows. May read (not store) the rest of the last tile. nullptr where a
+  // variant has none: the driver converts the tiles into float rows for attn_scores.
+  void (*attn_scores_k16)(const float* packed_q, int n_q, const uint16_t* kt, int64_t tile_stride,
+                          int64_t n_slots, int head_dim, float* s, int64_t ld_s,
+                          AttnPrefetch next);
+  // dst[j * head_dim + d] = float(K of slot j, dim d) for j < n_slots of one KV head's tiles
+  // (kt, tile_stride as for attn_scores_k16): float rows for attn_scores where a KV head has
+  // many query rows. nullptr: the driver gathers them itself.
+  void (*k16_tiles_to_rows)(const uint16_t* kt, int64_t tile_stride, int64_t n_slots,
+                            int head_dim, float* dst);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_weights_avx512.h"  // avx512::transpose16
+#include "kv/k_tiles.h"
 
 namespace specdec {
 namespace {
@@ -387,6 +389,119 @@ void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_
   pf.rest();
 }
 
+// --- attention scores from f16 K tiles -----------------------------------------------------
+// K in tiles of 16 slots (kv/k_tiles.h): one load and one conversion give dim d of 16 slots.
+// Lanes hold the slots; for row r and dim d = 4m + p, phase accumulator p of a slot vector takes
+// fma(q[r][d], k[slot][d], acc_p) in order m = 0, 1, .., and the score is
+// (acc_0 + acc_1) + (acc_2 + acc_3): per score exactly the sequence of scores_block (lane (r, p)
+// over m, then reduce4), so these scores equal attn_scores' on the same values bit for bit.
+// Every query row uses each converted K vector, no lane is idle when a KV head has fewer than 4
+// query rows (decode: 3), and no horizontal sums run.
+
+// Rows r0 .. r0 + R - 1 (R <= 3) of the packed q against V (1..2) tiles of K, scores into s
+// (row r at s + r * ld_s, slot 16 v + lane at column 16 v + lane); `slots`: the valid columns
+// (the rest of the tiles is computed and not stored). The tiles are f16 (Elem = uint16_t, tile v
+// at kt + v * tile_stride) or already converted (float, tile_stride floats apart); dim d of a
+// tile is its 16 elements at d * 16. pf (may be null) steps once per 4 dims.
+template <int R, int V, class Elem>
+void scores_k16_block(const float* packed, int r0, int steps, const Elem* kt, int64_t tile_stride,
+                      int head_dim, float* s, int64_t ld_s, int64_t slots,
+                      AttnPrefetchCursor* pf) {
+  const float* qr[R];  // row r's phase-0 element of step 0; step m, phase p at qr[r][16 m + p]
+#pragma GCC unroll 3
+  for (int r = 0; r < R; ++r) {
+    qr[r] = packed + static_cast<int64_t>((r0 + r) / 4) * steps * 16 + ((r0 + r) % 4) * 4;
+  }
+  __m512 acc[R][V][4];
+#pragma GCC unroll 3
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) {
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) acc[r][v][p] = _mm512_setzero_ps();
+    }
+  }
+  auto dim = [&](int m, int p) {
+    const int d = 4 * m + p;
+    __m512 kv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) {
+      const Elem* src = kt + v * tile_stride + d * kKTileSlots;  // [16]
+      if constexpr (sizeof(Elem) == 2) {
+        kv[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+      } else {
+        kv[v] = _mm512_loadu_ps(src);
+      }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < R; ++r) {
+      const __m512 q = _mm512_set1_ps(qr[r][16 * m + p]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v][p] = _mm512_fmadd_ps(q, kv[v], acc[r][v][p]);
+    }
+  };
+  const int full = head_dim / 4;
+  for (int m = 0; m < full; ++m) {
+    if (pf != nullptr) pf->step();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) dim(m, p);
+  }
+  // head_dim % 4 dims left (constant phases: acc stays in registers).
+  const int rem = head_dim - 4 * full;
+  if (rem > 0) dim(full, 0);
+  if (rem > 1) dim(full, 1);
+  if (rem > 2) dim(full, 2);
+#pragma GCC unroll 3
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) {
+      const int64_t left = slots - 16 * v;
+      if (left <= 0) break;
+      const __m512 score = _mm512_add_ps(_mm512_add_ps(acc[r][v][0], acc[r][v][1]),
+                                         _mm512_add_ps(acc[r][v][2], acc[r][v][3]));
+      _mm512_mask_storeu_ps(s + r * ld_s + 16 * v, tail_mask(left < kLanes ? left : kLanes),
+                            score);
+    }
+  }
+}
+
+// All n_q rows, by passes of up to 3, against the V tiles from kt; the first pass steps pf.
+template <int V, class Elem>
+void scores_k16_rows(const float* packed, int n_q, int steps, const Elem* kt, int64_t tile_stride,
+                     int head_dim, float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor& pf) {
+  AttnPrefetchCursor* step = &pf;
+  int r = 0;
+  for (; r + 3 <= n_q; r += 3, step = nullptr) {
+    scores_k16_block<3, V>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s, slots,
+                           step);
+  }
+  if (n_q - r == 2) {
+    scores_k16_block<2, V>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s, slots,
+                           step);
+  } else if (n_q - r == 1) {
+    scores_k16_block<1, V>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s, slots,
+                           step);
+  }
+}
+
+void attn_scores_k16_avx512(const float* packed, int n_q, const uint16_t* kt, int64_t tile_stride,
+                            int64_t n_slots, int head_dim, float* s, int64_t ld_s,
+                            AttnPrefetch next) {
+  const int steps = (head_dim + 3) / 4;
+  const int64_t tiles = (n_slots + kKTileSlots - 1) / kKTileSlots;
+  AttnPrefetchCursor pf(next, (tiles + 1) / 2 * (head_dim / 4));
+  int64_t t = 0;
+  for (; t + 2 <= tiles; t += 2) {
+    scores_k16_rows<2>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
+                        s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+  }
+  if (t < tiles) {
+    scores_k16_rows<1>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
+                        s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+  }
+  pf.rest();
+}
+
 // --- attention chunk softmax and merge ------------------------------------------------------
 // A row of kAttnChunk = 64 columns is four 16-lane vectors; l = reduce_add((e0 + e1) + (e2 + e3)).
 // Rows go by fours: their max and sum reductions share the shuffles.
@@ -644,6 +759,31 @@ void f16_to_f32_rows_avx512(const uint16_t* src, int64_t src_stride, int64_t n_r
   }
 }
 
+// Slots [0, n_slots) of K tiles (kt at a tile's first slot, tiles tile_stride halves apart) as
+// float rows dst [n_slots, head_dim]: per 16 dims of a tile, 16 conversions and one 16 x 16
+// transpose.
+void k16_tiles_to_rows_avx512(const uint16_t* kt, int64_t tile_stride, int64_t n_slots,
+                              int head_dim, float* dst) {
+  for (int64_t t = 0; t * kKTileSlots < n_slots; ++t) {
+    const uint16_t* tile = kt + t * tile_stride;  // [head_dim, 16]
+    const int64_t slots = n_slots - t * kKTileSlots < kKTileSlots ? n_slots - t * kKTileSlots
+                                                                 : kKTileSlots;
+    float* rows = dst + t * kKTileSlots * head_dim;  // [slots, head_dim]
+    for (int d0 = 0; d0 < head_dim; d0 += kLanes) {
+      const int dims = head_dim - d0 < kLanes ? head_dim - d0 : kLanes;
+      __m512 x[16];
+      for (int i = 0; i < 16; ++i) {
+        x[i] = i < dims ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                              reinterpret_cast<const __m256i*>(tile + (d0 + i) * kKTileSlots)))
+                        : _mm512_setzero_ps();
+      }
+      detail::avx512::transpose16(x);  // x[j]: slot j, dims d0 ..
+      const __mmask16 keep = tail_mask(dims);
+      for (int64_t j = 0; j < slots; ++j) _mm512_mask_storeu_ps(rows + j * head_dim + d0, keep, x[j]);
+    }
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_avx512() {
@@ -655,6 +795,7 @@ const OpsKernels& ops_kernels_avx512() {
       attn_accumulate_avx512, attn_merge_weights_avx512,
       attn_merge_rows_avx512, attn_accumulate_merge_avx512,
       f32_to_f16_avx512,      f16_to_f32_rows_avx512,
+      attn_scores_k16_avx512, k16_tiles_to_rows_avx512,
   };
   return kernels;
 }
