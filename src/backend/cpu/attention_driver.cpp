@@ -400,14 +400,17 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
   }
   if (tile_cols > 0) {
     const int64_t n_kv = c.s.n_kv_heads, hd = c.s.head_dim;
-    const auto* kt = static_cast<const uint16_t*>(c.k) + k_tile_index(c0, h, 0, n_kv, hd);
+    const bool tiled = k_tiled(c.kv_type);
+    // Tiled K: dim 0 of the tile holding slot c0 (a multiple of kChunk) of KV head h.
+    const uint16_t* kt =
+        tiled ? static_cast<const uint16_t*>(c.k) + k_tile_index(c0, h, 0, n_kv, hd) : nullptr;
     const int64_t tile_stride = n_kv * hd * kKTileSlots;
-    if (k_tiled(c.kv_type) && rows < kTiledScoreRows && c.kern.attn_scores_k16 != nullptr) {
+    if (tiled && rows < kTiledScoreRows && c.kern.attn_scores_k16 != nullptr) {
       c.kern.attn_scores_k16(packed_h, rows, kt, tile_stride, tile_cols, c.s.head_dim, scores,
                              kChunk, next_k);
     } else {
       FloatRows k;
-      if (k_tiled(c.kv_type) && c.kern.k16_tiles_to_rows != nullptr) {
+      if (tiled && c.kern.k16_tiles_to_rows != nullptr) {
         float* t = grow(&sc.k_tile, tile_cols * hd);
         c.kern.k16_tiles_to_rows(kt, tile_stride, tile_cols, c.s.head_dim, t);
         k = {t, hd};
