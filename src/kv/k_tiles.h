@@ -49,13 +49,15 @@ inline void k_rows_to_tiles(const uint16_t* rows, int64_t slot, int64_t n, int64
   }
 }
 
-// Tiles -> rows: the head_dim halves of KV head h for slots [slot, slot + n) of the tiled layer,
-// into rows [n, head_dim] (one head; `rows` n · head_dim halves).
+// Tiles -> rows: the head_dim halves of KV head `head` for slots [slot, slot + n) of the tiled
+// layer, into rows[i * row_stride + d] (row_stride = head_dim: that head's rows alone;
+// n_kv_heads · head_dim, rows + head · head_dim: its part of full cache rows).
 inline void k_tiles_to_head_rows(const uint16_t* tiles, int64_t slot, int64_t n, int64_t head,
-                                 int64_t n_kv_heads, int64_t head_dim, uint16_t* rows) {
+                                 int64_t n_kv_heads, int64_t head_dim, uint16_t* rows,
+                                 int64_t row_stride) {
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t* src = tiles + k_tile_index(slot + i, head, 0, n_kv_heads, head_dim);
-    uint16_t* dst = rows + i * head_dim;  // [head_dim]
+    uint16_t* dst = rows + i * row_stride;  // [head_dim]
     for (int64_t d = 0; d < head_dim; ++d) dst[d] = src[d * kKTileSlots];
   }
 }

@@ -57,22 +57,19 @@ void KvCache::read(int layer, int64_t slot, int64_t n, float* k, float* v) const
   }
   if (k == nullptr) return;
   if (type_ == KvType::kF32) {
-    const uint8_t* src = k_.data() + k_layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
+    const uint8_t* src =
+        k_.data() + k_layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
     std::memcpy(k, src, static_cast<size_t>(elems) * sizeof(float));
     return;
   }
-  // Tiles -> rows, one head at a time, then -> float: [n, n_kv_heads, head_dim].
+  // Tiles -> rows of halves [n, n_kv_heads, head_dim], then -> float.
   const auto* tiles = static_cast<const uint16_t*>(this->k(layer));
-  std::vector<uint16_t> head(static_cast<size_t>(n * head_dim_));  // [n, head_dim]
-  std::vector<float> head_f(head.size());
+  std::vector<uint16_t> rows(static_cast<size_t>(elems));
   for (int h = 0; h < n_kv_heads_; ++h) {
-    k_tiles_to_head_rows(tiles, slot, n, h, n_kv_heads_, head_dim_, head.data());
-    f16_to_f32(head.data(), n * head_dim_, head_f.data());
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(k + i * row_elems_ + static_cast<int64_t>(h) * head_dim_,
-                  head_f.data() + i * head_dim_, static_cast<size_t>(head_dim_) * sizeof(float));
-    }
+    k_tiles_to_head_rows(tiles, slot, n, h, n_kv_heads_, head_dim_,
+                         rows.data() + static_cast<int64_t>(h) * head_dim_, row_elems_);
   }
+  f16_to_f32(rows.data(), elems, k);
 }
 
 void KvCache::append(int64_t n) {

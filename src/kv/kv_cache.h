@@ -11,9 +11,9 @@ namespace specdec {
 // Per-sequence K/V cache: for every layer, one row of n_kv_heads * head_dim elements per token
 // slot, for K and for V, stored as `type()` (f16 by default, f32 for the exact reference
 // arithmetic); an f16 cache keeps K in tiles of 16 slots (kv/k_tiles.h). Slots [0, size()) hold
-// tokens; a forward pass writes its new tokens' rows at
-// slots size() .. and append()s them; speculative decoding rolls back with truncate() or keeps
-// an accepted tree path with keep_slots().
+// tokens; a forward pass writes its new tokens' rows at slots size() .. and append()s them;
+// speculative decoding rolls back with truncate() or keeps an accepted tree path with
+// keep_slots().
 class KvCache {
  public:
   KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, KvType type = KvType::kF16);
@@ -62,7 +62,9 @@ class KvCache {
     return k_.data() + k_layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
   }
   uint16_t* grow_halves(int64_t n);  // halves_, at least n
-  uint16_t* k_tiles(int layer) { return reinterpret_cast<uint16_t*>(k_.data() + k_layer_offset(layer)); }
+  uint16_t* k_tiles(int layer) {
+    return reinterpret_cast<uint16_t*>(k_.data() + k_layer_offset(layer));
+  }
   uint8_t* v_at(int layer, int64_t slot) {
     return v_.data() + layer_offset(layer) + static_cast<size_t>(slot) * row_bytes();
   }
@@ -77,7 +79,7 @@ class KvCache {
   int64_t size_ = 0;
   std::vector<uint8_t> k_;        // [n_layers, k_slots, n_kv_heads, head_dim] of type_ (f16: tiles)
   std::vector<uint8_t> v_;        // [n_layers, capacity, n_kv_heads, head_dim] of type_
-  std::vector<uint16_t> halves_;  // [n, n_kv_heads, head_dim] K rows of write / read (f16)
+  std::vector<uint16_t> halves_;  // [n, n_kv_heads, head_dim] K rows of write (f16)
 };
 
 }  // namespace specdec

@@ -323,16 +323,23 @@ FloatRows head_rows(const AttentionCall& c, const void* kv, int h, int64_t slot,
   return {t, c.s.head_dim};
 }
 
-// head_rows for K, whose f16 layout is tiles: gathered into rows of halves first.
+// head_rows for K, whose f16 layout is tiles: from a tile's first slot the variant's
+// k16_tiles_to_rows transposes them; otherwise (run pieces, variants without it) they are
+// gathered into rows of halves and converted.
 FloatRows k_head_rows(const AttentionCall& c, int h, int64_t slot, int64_t count,
                       std::vector<float>* tile, Scratch& sc) {
   if (!k_tiled(c.kv_type)) return head_rows(c, c.k, h, slot, count, tile);
-  const int64_t hd = c.s.head_dim;
+  const int64_t hd = c.s.head_dim, n_kv = c.s.n_kv_heads;
+  const auto* tiles = static_cast<const uint16_t*>(c.k);
+  float* t = grow(tile, count * hd);  // [count, head_dim]
+  if (slot % kKTileSlots == 0 && c.kern.k16_tiles_to_rows != nullptr) {
+    c.kern.k16_tiles_to_rows(tiles + k_tile_index(slot, h, 0, n_kv, hd), n_kv * hd * kKTileSlots,
+                             count, c.s.head_dim, t);
+    return {t, hd};
+  }
   uint16_t* rows = grow(&sc.k_half, count * hd);  // [count, head_dim]
-  k_tiles_to_head_rows(static_cast<const uint16_t*>(c.k), slot, count, h, c.s.n_kv_heads, hd,
-                       rows);
-  float* t = grow(tile, count * hd);
-  c.kern.f16_to_f32_rows(rows, hd, count, static_cast<int>(hd), t);
+  k_tiles_to_head_rows(tiles, slot, count, h, n_kv, hd, rows, hd);
+  c.kern.f16_to_f32_rows(rows, hd, count, c.s.head_dim, t);
   return {t, hd};
 }
 
@@ -398,28 +405,18 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
     const int64_t n = std::clamp<int64_t>(c.plan.n_visible[blk.token_begin + t] - c0, 0, kChunk);
     std::fill_n(n_valid + t * c.group, c.group, static_cast<int32_t>(n));
   }
-  if (tile_cols > 0) {
+  if (tile_cols > 0 && k_tiled(c.kv_type) && rows < kTiledScoreRows &&
+      c.kern.attn_scores_k16 != nullptr) {
     const int64_t n_kv = c.s.n_kv_heads, hd = c.s.head_dim;
-    const bool tiled = k_tiled(c.kv_type);
-    // Tiled K: dim 0 of the tile holding slot c0 (a multiple of kChunk) of KV head h.
-    const uint16_t* kt =
-        tiled ? static_cast<const uint16_t*>(c.k) + k_tile_index(c0, h, 0, n_kv, hd) : nullptr;
-    const int64_t tile_stride = n_kv * hd * kKTileSlots;
-    if (tiled && rows < kTiledScoreRows && c.kern.attn_scores_k16 != nullptr) {
-      c.kern.attn_scores_k16(packed_h, rows, kt, tile_stride, tile_cols, c.s.head_dim, scores,
-                             kChunk, next_k);
-    } else {
-      FloatRows k;
-      if (tiled && c.kern.k16_tiles_to_rows != nullptr) {
-        float* t = grow(&sc.k_tile, tile_cols * hd);
-        c.kern.k16_tiles_to_rows(kt, tile_stride, tile_cols, c.s.head_dim, t);
-        k = {t, hd};
-      } else {
-        k = k_head_rows(c, h, c0, tile_cols, &sc.k_tile, sc);
-      }
-      c.kern.attn_scores(packed_h, rows, k.p, k.stride, tile_cols, c.s.head_dim, scores, kChunk,
-                         next_k);
-    }
+    // c0 (a multiple of kChunk) is a tile's first slot.
+    c.kern.attn_scores_k16(packed_h, rows,
+                           static_cast<const uint16_t*>(c.k) + k_tile_index(c0, h, 0, n_kv, hd),
+                           n_kv * hd * kKTileSlots, tile_cols, c.s.head_dim, scores, kChunk,
+                           next_k);
+  } else if (tile_cols > 0) {
+    const FloatRows k = k_head_rows(c, h, c0, tile_cols, &sc.k_tile, sc);
+    c.kern.attn_scores(packed_h, rows, k.p, k.stride, tile_cols, c.s.head_dim, scores, kChunk,
+                       next_k);
   }
   if (ch.runs) {
     for (int64_t t = 0; t < blk.n_tokens; ++t) {

@@ -400,12 +400,11 @@ void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_
 
 // Rows r0 .. r0 + R - 1 (R <= 3) of the packed q against V (1..2) tiles of K, scores into s
 // (row r at s + r * ld_s, slot 16 v + lane at column 16 v + lane); `slots`: the valid columns
-// (the rest of the tiles is computed and not stored). The tiles are f16 (Elem = uint16_t, tile v
-// at kt + v * tile_stride) or already converted (float, tile_stride floats apart); dim d of a
-// tile is its 16 elements at d * 16. pf (may be null) steps once per 4 dims.
-template <int R, int V, class Elem>
-void scores_k16_block(const float* packed, int r0, int steps, const Elem* kt, int64_t tile_stride,
-                      int head_dim, float* s, int64_t ld_s, int64_t slots,
+// (the rest of the tiles is computed and not stored). Tile v at kt + v * tile_stride; dim d of a
+// tile is its 16 halves at d * 16. pf (may be null) steps once per 4 dims.
+template <int R, int V>
+void scores_k16_block(const float* packed, int r0, int steps, const uint16_t* kt,
+                      int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
                       AttnPrefetchCursor* pf) {
   const float* qr[R];  // row r's phase-0 element of step 0; step m, phase p at qr[r][16 m + p]
 #pragma GCC unroll 3
@@ -426,12 +425,8 @@ void scores_k16_block(const float* packed, int r0, int steps, const Elem* kt, in
     __m512 kv[V];
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) {
-      const Elem* src = kt + v * tile_stride + d * kKTileSlots;  // [16]
-      if constexpr (sizeof(Elem) == 2) {
-        kv[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-      } else {
-        kv[v] = _mm512_loadu_ps(src);
-      }
+      const uint16_t* src = kt + v * tile_stride + d * kKTileSlots;  // [16]
+      kv[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
     }
 #pragma GCC unroll 3
     for (int r = 0; r < R; ++r) {
@@ -459,16 +454,16 @@ void scores_k16_block(const float* packed, int r0, int steps, const Elem* kt, in
       if (left <= 0) break;
       const __m512 score = _mm512_add_ps(_mm512_add_ps(acc[r][v][0], acc[r][v][1]),
                                          _mm512_add_ps(acc[r][v][2], acc[r][v][3]));
-      _mm512_mask_storeu_ps(s + r * ld_s + 16 * v, tail_mask(left < kLanes ? left : kLanes),
-                            score);
+      _mm512_mask_storeu_ps(s + r * ld_s + 16 * v, tail_mask(left < kLanes ? left : kLanes), score);
     }
   }
 }
 
 // All n_q rows, by passes of up to 3, against the V tiles from kt; the first pass steps pf.
-template <int V, class Elem>
-void scores_k16_rows(const float* packed, int n_q, int steps, const Elem* kt, int64_t tile_stride,
-                     int head_dim, float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor& pf) {
+template <int V>
+void scores_k16_rows(const float* packed, int n_q, int steps, const uint16_t* kt,
+                     int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
+                     AttnPrefetchCursor& pf) {
   AttnPrefetchCursor* step = &pf;
   int r = 0;
   for (; r + 3 <= n_q; r += 3, step = nullptr) {
@@ -493,11 +488,11 @@ void attn_scores_k16_avx512(const float* packed, int n_q, const uint16_t* kt, in
   int64_t t = 0;
   for (; t + 2 <= tiles; t += 2) {
     scores_k16_rows<2>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
-                        s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+                       s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
   }
   if (t < tiles) {
     scores_k16_rows<1>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
-                        s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+                       s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
   }
   pf.rest();
 }
@@ -766,8 +761,8 @@ void k16_tiles_to_rows_avx512(const uint16_t* kt, int64_t tile_stride, int64_t n
                               int head_dim, float* dst) {
   for (int64_t t = 0; t * kKTileSlots < n_slots; ++t) {
     const uint16_t* tile = kt + t * tile_stride;  // [head_dim, 16]
-    const int64_t slots = n_slots - t * kKTileSlots < kKTileSlots ? n_slots - t * kKTileSlots
-                                                                 : kKTileSlots;
+    const int64_t slots =
+        n_slots - t * kKTileSlots < kKTileSlots ? n_slots - t * kKTileSlots : kKTileSlots;
     float* rows = dst + t * kKTileSlots * head_dim;  // [slots, head_dim]
     for (int d0 = 0; d0 < head_dim; d0 += kLanes) {
       const int dims = head_dim - d0 < kLanes ? head_dim - d0 : kLanes;
@@ -779,7 +774,9 @@ void k16_tiles_to_rows_avx512(const uint16_t* kt, int64_t tile_stride, int64_t n
       }
       detail::avx512::transpose16(x);  // x[j]: slot j, dims d0 ..
       const __mmask16 keep = tail_mask(dims);
-      for (int64_t j = 0; j < slots; ++j) _mm512_mask_storeu_ps(rows + j * head_dim + d0, keep, x[j]);
+      for (int64_t j = 0; j < slots; ++j) {
+        _mm512_mask_storeu_ps(rows + j * head_dim + d0, keep, x[j]);
+      }
     }
   }
 }
