@@ -9,7 +9,8 @@
 //       epilogue of quant_kernels.h on 16 weight rows at once, into the chain of b's parity.
 // No horizontal sums: the activation rows are quantized once per call
 // (quantize_activations_avx512) and copied into tiles of 8 rows (Acts) so that every broadcast
-// of a pass comes from one pointer at a constant offset. The weights
+// of a pass comes from one pointer at a constant offset (with 5 or more rows each thread prepares
+// a share of the sub-blocks, then they meet at a flag inside the matmul's one job). The weights
 // stay in registers across the activation rows, so k rows cost k x (8 dot products + 4 float
 // ops) per 32 x 16 weights plus one unpack; with one row the kernel streams the weights at
 // memory speed (software prefetch: the next block into L1, the fourth next into L2). The
@@ -72,27 +73,74 @@ struct Acts {
   float* et = nullptr;
 };
 
+// The 8 x 8 transpose of 32-bit groups that turns 8 rows' codes of one sub-block
+// (row r: 32 bytes at rows[r], nullptr: a zero row) into the tile layout [8 groups, 8 rows, 4].
+inline void transpose_groups8(const int8_t* const rows[8], int8_t* qt) {
+  __m512i pair[4];  // lanes 0-7: row 2k's 8 groups, lanes 8-15: row 2k + 1's
+  for (int k = 0; k < 4; ++k) {
+    auto row = [&](int r) {
+      return rows[r] != nullptr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r]))
+                                : _mm256_setzero_si256();
+    };
+    pair[k] = _mm512_inserti64x4(_mm512_castsi256_si512(row(2 * k)), row(2 * k + 1), 1);
+  }
+  // Step 1, lane 4 g + j = group g (0..3, or 4..7 for hi) of row j of the four rows in (a, b).
+  const __m512i lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
+  const __m512i t0 = _mm512_permutex2var_epi32(pair[0], lo, pair[1]);  // groups 0-3, rows 0-3
+  const __m512i t1 = _mm512_permutex2var_epi32(pair[0], hi, pair[1]);  // groups 4-7, rows 0-3
+  const __m512i u0 = _mm512_permutex2var_epi32(pair[2], lo, pair[3]);  // groups 0-3, rows 4-7
+  const __m512i u1 = _mm512_permutex2var_epi32(pair[2], hi, pair[3]);  // groups 4-7, rows 4-7
+  // Step 2: two whole groups (8 rows each) per vector.
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  _mm512_storeu_si512(qt + 0, _mm512_permutex2var_epi32(t0, first, u0));
+  _mm512_storeu_si512(qt + 64, _mm512_permutex2var_epi32(t0, second, u0));
+  _mm512_storeu_si512(qt + 128, _mm512_permutex2var_epi32(t1, first, u1));
+  _mm512_storeu_si512(qt + 192, _mm512_permutex2var_epi32(t1, second, u1));
+}
+
+// Sub-blocks [b0, b1) of all n activation rows: quantized (natural layout; every 32-block is
+// quantized on its own, so a range gives the bytes of a whole-row call) and copied into the
+// tiles: by an 8 x 8 transpose where a tile has 4 rows or more (rows beyond n zero), by 4-byte
+// copies for the one or two rows of a decode step (rows beyond n unset).
 template <GgmlType T>
-void prepare_rows(const float* x, Acts& a, int64_t i0, int64_t i1) {
+void prepare_subblocks(const float* x, int64_t n, Acts& a, int64_t b0, int64_t b1) {
   using P = Packed<T>;
-  for (int64_t i = i0; i < i1; ++i) {
-    int8_t* q = a.q + i * a.cols;
-    quantize_activations_avx512(x + i * a.cols, a.cols, q, a.d + i * a.nsub,
-                                a.s16 + i * 2 * a.nsub);
-    const int64_t t = i / kMaxTile, r = i % kMaxTile;
-    const int32_t* s = a.s16 + i * 2 * a.nsub;
-    for (int64_t b = 0; b < a.nsub; ++b) {
-      int8_t* qt = a.qt + (t * a.nsub + b) * 256 + 4 * r;
-      for (int64_t g = 0; g < 8; ++g) std::memcpy(qt + 32 * g, q + 32 * b + 4 * g, 4);
-      const int64_t at = (t * a.nsub + b) * kMaxTile + r;
-      const float d = a.d[i * a.nsub + b];
-      const int32_t s32 = s[2 * b] + s[2 * b + 1];
-      a.dt[at] = d;
-      if constexpr (P::kMin) {
-        a.et[at] = static_cast<float>(s32) * d;
-      } else {
-        const int32_t corr = s32 * P::kOffset;
-        std::memcpy(a.et + at, &corr, 4);
+  if (b0 >= b1) return;
+  for (int64_t i = 0; i < n; ++i) {
+    quantize_activations_avx512(x + i * a.cols + 32 * b0, 32 * (b1 - b0),
+                                a.q + i * a.cols + 32 * b0, a.d + i * a.nsub + b0,
+                                a.s16 + i * 2 * a.nsub + 2 * b0);
+  }
+  for (int64_t t = 0; t * kMaxTile < n; ++t) {
+    const int64_t rows = std::min<int64_t>(kMaxTile, n - t * kMaxTile);
+    for (int64_t b = b0; b < b1; ++b) {
+      int8_t* qt = a.qt + (t * a.nsub + b) * 256;
+      if (rows >= 4) {
+        const int8_t* src[kMaxTile];
+        for (int64_t r = 0; r < kMaxTile; ++r) {
+          src[r] = r < rows ? a.q + (t * kMaxTile + r) * a.cols + 32 * b : nullptr;
+        }
+        transpose_groups8(src, qt);
+      } else {  // a decode step's row or two: 8 groups each, the rest of the tile unset
+        for (int64_t r = 0; r < rows; ++r) {
+          const int8_t* q = a.q + (t * kMaxTile + r) * a.cols + 32 * b;
+          for (int64_t g = 0; g < 8; ++g) std::memcpy(qt + 32 * g + 4 * r, q + 4 * g, 4);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = t * kMaxTile + r;
+        const int64_t at = (t * a.nsub + b) * kMaxTile + r;
+        const float d = a.d[i * a.nsub + b];
+        const int32_t s32 = a.s16[i * 2 * a.nsub + 2 * b] + a.s16[i * 2 * a.nsub + 2 * b + 1];
+        a.dt[at] = d;
+        if constexpr (P::kMin) {
+          a.et[at] = static_cast<float>(s32) * d;
+        } else {
+          const int32_t corr = s32 * P::kOffset;
+          std::memcpy(a.et + at, &corr, 4);
+        }
       }
     }
   }
@@ -103,8 +151,8 @@ void prepare_rows(const float* x, Acts& a, int64_t i0, int64_t i1) {
 // The R integer chains are interleaved group by group so that vpdpbusd's latency is hidden;
 // each loaded nibble vector gives two groups, so only two weight vectors are live at a time.
 template <GgmlType T, int R>
-inline void sub_block(const uint8_t* codes, __m512 dw, __m512 mw, const int8_t* xt,
-                      const float* dt, const float* et, __m512 facc[R]) {
+inline void sub_block(const uint8_t* codes, __m512 dw, __m512 mw, const int8_t* xt, const float* dt,
+                      const float* et, __m512 facc[R]) {
   using P = Packed<T>;
   __m512i acc[R];
 #pragma GCC unroll 8
@@ -222,14 +270,29 @@ void one_block(const WeightMatrix& w, const Acts& a, int64_t n, float* y,
     near = far = nullptr;  // the first pass brings the blocks in; later ones hit the cache
   }
   switch (n - i0) {
-    case 7: block_rows<T, 7>(blk, bb, a, i0, y, w.rows, col0, valid, near, far); break;
-    case 6: block_rows<T, 6>(blk, bb, a, i0, y, w.rows, col0, valid, near, far); break;
-    case 5: block_rows<T, 5>(blk, bb, a, i0, y, w.rows, col0, valid, near, far); break;
-    case 4: block_rows<T, 4>(blk, bb, a, i0, y, w.rows, col0, valid, near, far); break;
-    case 3: block_rows<T, 3>(blk, bb, a, i0, y, w.rows, col0, valid, near, far); break;
-    case 2: block_rows<T, 2>(blk, bb, a, i0, y, w.rows, col0, valid, near, far); break;
-    case 1: block_rows<T, 1>(blk, bb, a, i0, y, w.rows, col0, valid, near, far); break;
-    default: break;
+    case 7:
+      block_rows<T, 7>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
+      break;
+    case 6:
+      block_rows<T, 6>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
+      break;
+    case 5:
+      block_rows<T, 5>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
+      break;
+    case 4:
+      block_rows<T, 4>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
+      break;
+    case 3:
+      block_rows<T, 3>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
+      break;
+    case 2:
+      block_rows<T, 2>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
+      break;
+    case 1:
+      block_rows<T, 1>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
+      break;
+    default:
+      break;
   }
 }
 
@@ -275,8 +338,8 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
   const size_t d_bytes = r64(n * a.nsub * 4);
   const size_t qt_bytes = r64(a.tiles * a.nsub * 256);
   const size_t t_bytes = r64(a.tiles * a.nsub * kMaxTile * 4);
-  auto* mem = static_cast<uint8_t*>(thread_scratch(kScratchActivations)
-                                        .get(q_bytes + 3 * d_bytes + qt_bytes + 2 * t_bytes));
+  auto* mem = static_cast<uint8_t*>(
+      thread_scratch(kScratchActivations).get(q_bytes + 3 * d_bytes + qt_bytes + 2 * t_bytes));
   a.q = reinterpret_cast<int8_t*>(mem);
   a.d = reinterpret_cast<float*>(mem += q_bytes);
   a.s16 = reinterpret_cast<int32_t*>(mem += d_bytes);  // 2 d_bytes
@@ -286,18 +349,18 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
 
   const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
   if (pool == nullptr || pool->size() == 1) {
-    prepare_rows<T>(x, a, 0, n);
+    prepare_subblocks<T>(x, n, a, 0, a.nsub);
     StealingSplit split(blocks, 1);
     blocks_split<T>(w, a, n, y, split, 0);
     return;
   }
+  StealingSplit split(blocks, pool->size());
+  std::atomic<int> ready{0};
   if (n <= 4) {
     // Few rows: thread 0 quantizes them while the others wake up; they wait for its flag.
-    std::atomic<int> ready{0};
-    StealingSplit split(blocks, pool->size());
     pool->run([&](int ti, int) {
       if (ti == 0) {
-        prepare_rows<T>(x, a, 0, n);
+        prepare_subblocks<T>(x, n, a, 0, a.nsub);
         ready.store(1, std::memory_order_release);
       } else {
         pool->wait_for_flag(ready, 0);
@@ -306,9 +369,18 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
     });
     return;
   }
-  pool->parallel_for(n, 1, [&](int64_t i0, int64_t i1) { prepare_rows<T>(x, a, i0, i1); });
-  StealingSplit split(blocks, pool->size());
-  pool->run([&](int ti, int) { blocks_split<T>(w, a, n, y, split, ti); });
+  // More rows: every thread prepares a share of the sub-blocks of all rows, then all wait for
+  // the last one (one job instead of a preparation job and a matmul job).
+  std::atomic<int> arrived{0};
+  pool->run([&](int ti, int nt) {
+    prepare_subblocks<T>(x, n, a, a.nsub * ti / nt, a.nsub * (ti + 1) / nt);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == nt) {
+      ready.store(1, std::memory_order_release);
+    } else {
+      pool->wait_for_flag(ready, ti == 0 ? 1 : 0);
+    }
+    blocks_split<T>(w, a, n, y, split, ti);
+  });
 }
 
 }  // namespace
