@@ -570,11 +570,11 @@ void check_attention_invariance(const AttentionShape& s, const std::vector<uint8
           const float* batched = multi[p].data() + i * q_row;  // [q_row]
           const int64_t e = first_bitwise_difference(alone.data(), batched, q_row);
           ASSERT_EQ(e, -1) << isa_name(isa) << " n_past " << s.n_past << " n_new " << s.n_new
-                           << " heads " << s.n_heads << "/" << s.n_kv_heads << " hd "
-                           << s.head_dim << " mask " << (mask ? "explicit" : "causal")
-                           << ": token " << i << " (" << n_visible << " visible), element " << e
-                           << ": alone with " << threads(pool) << " threads " << alone[e]
-                           << ", batched with " << threads(pools[p]) << " threads " << batched[e];
+                           << " heads " << s.n_heads << "/" << s.n_kv_heads << " hd " << s.head_dim
+                           << " mask " << (mask ? "explicit" : "causal") << ": token " << i << " ("
+                           << n_visible << " visible), element " << e << ": alone with "
+                           << threads(pool) << " threads " << alone[e] << ", batched with "
+                           << threads(pools[p]) << " threads " << batched[e];
         }
       }
     }
@@ -597,17 +597,14 @@ TEST(Ops, AttentionTokenOutputIndependentOfBatch) {
   // Several blocks of tokens (threads sharing each block, or one block per task: 70 heads make
   // blocks of 3 tokens), head_dim with SIMD tails, and one KV head per query head.
   check_attention_invariance(make_shape(0, 64, 9, 3, 64), {}, &pool2, &pool3, gen);
-  check_attention_invariance(make_shape(20, 50, 9, 3, 64), tree_mask(gen, 50), &pool2, &pool3,
-                             gen);
+  check_attention_invariance(make_shape(20, 50, 9, 3, 64), tree_mask(gen, 50), &pool2, &pool3, gen);
   check_attention_invariance(make_shape(100, 30, 70, 1, 16), {}, &pool2, &pool3, gen);
   check_attention_invariance(make_shape(10, 40, 70, 2, 16), random_mask(gen, 40), &pool2, &pool3,
                              gen);
   check_attention_invariance(make_shape(13, 7, 6, 2, 20), {}, &pool2, &pool3, gen);
-  check_attention_invariance(make_shape(13, 7, 6, 2, 20), random_mask(gen, 7), &pool2, &pool3,
-                             gen);
+  check_attention_invariance(make_shape(13, 7, 6, 2, 20), random_mask(gen, 7), &pool2, &pool3, gen);
   check_attention_invariance(make_shape(9, 5, 4, 2, 7), tree_mask(gen, 5), &pool2, &pool3, gen);
-  check_attention_invariance(make_shape(40, 6, 4, 4, 8), random_mask(gen, 6), &pool2, &pool3,
-                             gen);
+  check_attention_invariance(make_shape(40, 6, 4, 4, 8), random_mask(gen, 6), &pool2, &pool3, gen);
 }
 
 // Prefill-sized batches: enough blocks that each is one thread's task (merges fused with the
@@ -670,6 +667,50 @@ TEST(Ops, AttentionFusedMergeEqualsSeparate) {
                                      head_dim, wo.data(), wn.data(), fused.data(), next);
           ASSERT_EQ(first_bitwise_difference(separate.data(), fused.data(), n_q * head_dim), -1)
               << isa_name(isa) << " head_dim " << head_dim << " n_q " << n_q << " rows " << n_rows;
+        }
+      }
+    }
+  }
+}
+
+// The f16-V kernels (where a variant has them) give bitwise what the float kernels give on the
+// converted rows, accumulating and fused with the merge, head_dim tails included.
+TEST(Ops, AttentionF16VEqualsFloatRows) {
+  std::mt19937 gen(17);
+  for (Isa isa : supported_variants()) {
+    const OpsKernels& kern = ops_kernels_for(isa, true);
+    if (kern.attn_accumulate_f16 == nullptr) continue;
+    ASSERT_NE(kern.attn_accumulate_merge_f16, nullptr) << isa_name(isa);
+    for (int head_dim : {64, 20, 7, 128}) {
+      for (int n_q : {1, 2, 3, 6, 13}) {
+        for (int64_t n_rows : {1, 17, 64}) {
+          const int64_t stride = 3 * head_dim;  // rows of 3 KV heads; head 1 is used
+          const std::vector<float> p = random_vector(gen, n_q * kAttnChunk, 0, 1);  // [n_q, 64]
+          const std::vector<float> x = random_vector(gen, n_rows * stride, -1, 1);
+          std::vector<uint16_t> v16(x.size());
+          std::vector<float> v(x.size());
+          for (size_t e = 0; e < x.size(); ++e) {
+            v16[e] = fp32_to_fp16(x[e]);
+            v[e] = fp16_to_fp32(v16[e]);
+          }
+          const std::vector<float> wo = random_vector(gen, n_q, 0, 1);
+          const std::vector<float> wn = random_vector(gen, n_q, 0, 1);
+          const std::vector<float> state = random_vector(gen, n_q * head_dim, -3, 3);
+          std::vector<float> want = state, got = state;  // [n_q, head_dim]
+          kern.attn_accumulate(p.data(), kAttnChunk, n_q, v.data() + head_dim, stride, n_rows,
+                               head_dim, want.data(), {});
+          kern.attn_accumulate_f16(p.data(), kAttnChunk, n_q, v16.data() + head_dim, stride, n_rows,
+                                   head_dim, got.data(), {});
+          ASSERT_EQ(first_bitwise_difference(want.data(), got.data(), n_q * head_dim), -1)
+              << isa_name(isa) << " head_dim " << head_dim << " n_q " << n_q << " rows " << n_rows;
+          want = state;
+          got = state;
+          kern.attn_accumulate_merge(p.data(), kAttnChunk, n_q, v.data() + head_dim, stride, n_rows,
+                                     head_dim, wo.data(), wn.data(), want.data(), {});
+          kern.attn_accumulate_merge_f16(p.data(), kAttnChunk, n_q, v16.data() + head_dim, stride,
+                                         n_rows, head_dim, wo.data(), wn.data(), got.data(), {});
+          ASSERT_EQ(first_bitwise_difference(want.data(), got.data(), n_q * head_dim), -1)
+              << "merge " << isa_name(isa) << " head_dim " << head_dim << " n_q " << n_q;
         }
       }
     }
@@ -744,9 +785,9 @@ TEST(Ops, F16ToF32AllHalvesEveryVariant) {
 TEST(Ops, F32ToF16EqualsReference) {
   std::mt19937 gen(15);
   std::vector<float> x;
-  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65520.0f, 65519.99f, 1e6f, -1e6f,
-                  INFINITY, -INFINITY, 6.1e-5f, 5.96e-8f, 2.98e-8f, 1e-10f, 1.00048828125f,
-                  1.00146484375f, 3.0517578125e-05f}) {
+  for (float v :
+       {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65520.0f, 65519.99f, 1e6f, -1e6f, INFINITY, -INFINITY,
+        6.1e-5f, 5.96e-8f, 2.98e-8f, 1e-10f, 1.00048828125f, 1.00146484375f, 3.0517578125e-05f}) {
     x.push_back(v);
   }
   std::uniform_real_distribution<float> mant(1.0f, 2.0f);
@@ -785,13 +826,19 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
     AttentionShape s;
     int mask_kind;  // 0 causal, 1 tree, 2 arbitrary
   };
-  const Case cases[] = {{make_shape(0, 1, 9, 3, 64), 0},    {make_shape(300, 1, 9, 3, 64), 0},
-                        {make_shape(130, 8, 9, 3, 64), 1},  {make_shape(60, 16, 9, 3, 64), 2},
-                        {make_shape(0, 200, 9, 3, 64), 0},  {make_shape(20, 70, 4, 2, 20), 1},
-                        {make_shape(17, 5, 6, 2, 7), 2},    {make_shape(1000, 3, 32, 8, 128), 0},
+  const Case cases[] = {{make_shape(0, 1, 9, 3, 64), 0},
+                        {make_shape(300, 1, 9, 3, 64), 0},
+                        {make_shape(130, 8, 9, 3, 64), 1},
+                        {make_shape(60, 16, 9, 3, 64), 2},
+                        {make_shape(0, 200, 9, 3, 64), 0},
+                        {make_shape(20, 70, 4, 2, 20), 1},
+                        {make_shape(17, 5, 6, 2, 7), 2},
+                        {make_shape(1000, 3, 32, 8, 128), 0},
                         // 1-3 query rows per KV head (the K-tile kernel), head_dim tails:
-                        {make_shape(40, 1, 6, 2, 7), 0},    {make_shape(33, 1, 4, 2, 20), 0},
-                        {make_shape(70, 1, 2, 2, 13), 0},   {make_shape(95, 1, 9, 3, 64), 0}};
+                        {make_shape(40, 1, 6, 2, 7), 0},
+                        {make_shape(33, 1, 4, 2, 20), 0},
+                        {make_shape(70, 1, 2, 2, 13), 0},
+                        {make_shape(95, 1, 9, 3, 64), 0}};
   for (const Case& c : cases) {
     const AttentionShape& s = c.s;
     const int64_t n_kv = s.n_past + s.n_new;
@@ -807,8 +854,8 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
       v[e] = fp16_to_fp32(v16[e]);
     }
     // K of an f16 cache is tiles; the tail of the last tile holds garbage the kernels may read.
-    std::vector<uint16_t> k16(
-        static_cast<size_t>(k_tile_slots(n_kv) * s.n_kv_heads * s.head_dim), 0x7e00);  // NaN
+    std::vector<uint16_t> k16(static_cast<size_t>(k_tile_slots(n_kv) * s.n_kv_heads * s.head_dim),
+                              0x7e00);  // NaN
     k_rows_to_tiles(k_rows.data(), 0, n_kv, s.n_kv_heads, s.head_dim, k16.data());
     const std::vector<uint8_t> mask_bytes = c.mask_kind == 1   ? tree_mask(gen, s.n_new)
                                             : c.mask_kind == 2 ? random_mask(gen, s.n_new)
@@ -822,8 +869,8 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
         std::vector<float> got(n_out + 1, 7.0f);
         attention_isa(isa, s, q.data(), k16.data(), v16.data(), KvType::kF16, mask, got.data(),
                       pool);
-        const int64_t e = first_bitwise_difference(want.data(), got.data(),
-                                                   static_cast<int64_t>(n_out));
+        const int64_t e =
+            first_bitwise_difference(want.data(), got.data(), static_cast<int64_t>(n_out));
         ASSERT_EQ(e, -1) << isa_name(isa) << " n_past " << s.n_past << " n_new " << s.n_new
                          << " hd " << s.head_dim << " mask kind " << c.mask_kind << " threads "
                          << (pool == nullptr ? 1 : pool->size()) << ": element " << e;

@@ -223,13 +223,21 @@ struct OpsKernels {
   // values as float rows. May read (not store) the rest of the last tile. nullptr where a
   // variant has none: the driver converts the tiles into float rows for attn_scores.
   void (*attn_scores_k16)(const float* packed_q, int n_q, const uint16_t* kt, int64_t tile_stride,
-                          int64_t n_slots, int head_dim, float* s, int64_t ld_s,
-                          AttnPrefetch next);
+                          int64_t n_slots, int head_dim, float* s, int64_t ld_s, AttnPrefetch next);
   // dst[j * head_dim + d] = float(K of slot j, dim d) for j < n_slots of one KV head's tiles
   // (kt, tile_stride as for attn_scores_k16): float rows for attn_scores where a KV head has
   // many query rows. nullptr: the driver gathers them itself.
-  void (*k16_tiles_to_rows)(const uint16_t* kt, int64_t tile_stride, int64_t n_slots,
-                            int head_dim, float* dst);
+  void (*k16_tiles_to_rows)(const uint16_t* kt, int64_t tile_stride, int64_t n_slots, int head_dim,
+                            float* dst);
+  // attn_accumulate and attn_accumulate_merge over the V rows of an f16 cache (v_stride in
+  // halves), each value converted as it is loaded: bitwise the float kernels on the converted
+  // rows, without the float tile. nullptr where a variant has none: the driver converts the rows.
+  void (*attn_accumulate_f16)(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
+                              int64_t v_stride, int64_t n_rows, int head_dim, float* out,
+                              AttnPrefetch next);
+  void (*attn_accumulate_merge_f16)(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
+                                    int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                                    const float* wn, float* big_a, AttnPrefetch next);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)

@@ -571,7 +571,8 @@ const OpsKernels& ops_kernels_avx2() {
       attn_accumulate_avx2, attn_merge_weights_avx2,
       attn_merge_rows_avx2, attn_accumulate_merge_avx2,
       f32_to_f16_avx2,      f16_to_f32_rows_avx2,
-      // No f16 K-tile kernels: the driver converts the tiles into float rows.
+      // No f16 K-tile or V kernels: the driver converts the tiles and rows into float rows.
+      nullptr,              nullptr,
       nullptr,              nullptr,
   };
   return kernels;

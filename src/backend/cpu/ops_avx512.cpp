@@ -624,8 +624,16 @@ void attn_merge_rows_avx512(const float* a, int n_q, int head_dim, const float* 
 // a masked-off chunk costs nothing extra) per row, so a pass reads each V row's 256 bytes once
 // for all R rows. Every output lane takes one FMA per j, in order. kMerge: the sums start from
 // zero and end as out = fmadd(out, wo[r], sum·wn[r]) (attn_merge_rows' arithmetic).
-template <int R, bool kMerge>
-void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
+// 16 values of a V row: floats, or halves converted exactly as they are loaded (the f16 cache).
+inline __m512 load_v(__mmask16 m, const float* v) {
+  return _mm512_maskz_loadu_ps(m, v);
+}
+inline __m512 load_v(__mmask16 m, const uint16_t* v) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v));
+}
+
+template <int R, bool kMerge, class V>
+void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, const __mmask16 m[4], const float* wo, const float* wn,
                      float* out, AttnPrefetchCursor& pf) {
   __m512 acc[R][4];
@@ -639,10 +647,10 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
   }
   for (int64_t j = 0; j < n_rows; ++j) {
     pf.step();
-    const float* vj = v + j * v_stride;  // [64] of this pass
+    const V* vj = v + j * v_stride;  // [64] of this pass
     __m512 vv[4];
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) vv[c] = _mm512_maskz_loadu_ps(m[c], vj + c * kLanes);
+    for (int c = 0; c < 4; ++c) vv[c] = load_v(m[c], vj + c * kLanes);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * ld_p + j]);
@@ -671,8 +679,8 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
 }
 
 // Rows r0 .. r0 + R - 1 of the call: one pass per 64 dims.
-template <int R, bool kMerge>
-void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
+template <int R, bool kMerge, class V>
+void accumulate_rows(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, const float* wo, const float* wn, float* out,
                      AttnPrefetchCursor& pf) {
   for (int d = 0; d < head_dim; d += 4 * kLanes) {
@@ -681,13 +689,14 @@ void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_str
       const int rem = head_dim - d - c * kLanes;
       m[c] = tail_mask(rem <= 0 ? 0 : rem < kLanes ? rem : kLanes);
     }
-    accumulate_pass<R, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, m, wo, wn, out + d, pf);
+    accumulate_pass<R, kMerge, V>(p, ld_p, v + d, v_stride, n_rows, head_dim, m, wo, wn, out + d,
+                                  pf);
   }
 }
 
 // Each V row step of each pass is a step of the prefetch cursor.
-template <bool kMerge>
-void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+template <bool kMerge, class V>
+void accumulate_all(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v_stride,
                     int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out,
                     AttnPrefetch next) {
   const int passes = (n_q + 5) / 6 * ((head_dim + 4 * kLanes - 1) / (4 * kLanes));
@@ -695,26 +704,31 @@ void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64
   int r = 0;
   auto w = [&r](const float* x) { return kMerge ? x + r : x; };  // row r's weights
   for (; r + 6 <= n_q; r += 6) {
-    accumulate_rows<6, kMerge>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
-                               out + r * head_dim, pf);
+    accumulate_rows<6, kMerge, V>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
+                                  out + r * head_dim, pf);
   }
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
     case 5:
-      accumulate_rows<5, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<5, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     case 4:
-      accumulate_rows<4, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<4, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     case 3:
-      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<3, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     case 2:
-      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<2, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     case 1:
-      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<1, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     default:
       break;
@@ -730,6 +744,19 @@ void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const float* 
 void attn_accumulate_merge_avx512(const float* p, int64_t ld_p, int n_q, const float* v,
                                   int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
                                   const float* wn, float* big_a, AttnPrefetch next) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
+}
+
+void attn_accumulate_f16_avx512(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
+                                int64_t v_stride, int64_t n_rows, int head_dim, float* out,
+                                AttnPrefetch next) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
+}
+
+void attn_accumulate_merge_f16_avx512(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
+                                      int64_t v_stride, int64_t n_rows, int head_dim,
+                                      const float* wo, const float* wn, float* big_a,
+                                      AttnPrefetch next) {
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
@@ -785,14 +812,24 @@ void k16_tiles_to_rows_avx512(const uint16_t* kt, int64_t tile_stride, int64_t n
 
 const OpsKernels& ops_kernels_avx512() {
   static const OpsKernels kernels = {
-      rmsnorm_avx512,         swiglu_avx512,
-      row_max_avx512,         exp_shifted_sum_avx512,
-      scale_avx512,           attn_pack_q_avx512,
-      attn_scores_avx512,     attn_chunk_softmax_avx512,
-      attn_accumulate_avx512, attn_merge_weights_avx512,
-      attn_merge_rows_avx512, attn_accumulate_merge_avx512,
-      f32_to_f16_avx512,      f16_to_f32_rows_avx512,
-      attn_scores_k16_avx512, k16_tiles_to_rows_avx512,
+      rmsnorm_avx512,
+      swiglu_avx512,
+      row_max_avx512,
+      exp_shifted_sum_avx512,
+      scale_avx512,
+      attn_pack_q_avx512,
+      attn_scores_avx512,
+      attn_chunk_softmax_avx512,
+      attn_accumulate_avx512,
+      attn_merge_weights_avx512,
+      attn_merge_rows_avx512,
+      attn_accumulate_merge_avx512,
+      f32_to_f16_avx512,
+      f16_to_f32_rows_avx512,
+      attn_scores_k16_avx512,
+      k16_tiles_to_rows_avx512,
+      attn_accumulate_f16_avx512,
+      attn_accumulate_merge_f16_avx512,
   };
   return kernels;
 }

@@ -174,7 +174,8 @@ const OpsKernels& ops_kernels_ref() {
       attn_accumulate_ref, attn_merge_weights_ref,
       attn_merge_rows_ref, attn_accumulate_merge_ref,
       f32_to_f16_ref,      f16_to_f32_rows_ref,
-      // No f16 K-tile kernels: the driver converts the tiles into float rows.
+      // No f16 K-tile or V kernels: the driver converts the tiles and rows into float rows.
+      nullptr,             nullptr,
       nullptr,             nullptr,
   };
   return kernels;
