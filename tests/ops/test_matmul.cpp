@@ -20,6 +20,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"  // swiglu
 #include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_blocks.h"
 #include "backend/cpu/quant_kernels.h"
@@ -863,6 +864,40 @@ TEST(CpuFeatures, DispatchFollowsSetIsa) {
   }
   set_isa(before);
   EXPECT_STREQ(isa_name(Isa::kAvx512), "avx512");
+}
+
+// matmul_swiglu gives bitwise what swiglu() of each row and then matmul() give: the packed
+// AVX-512 path (swiglu formed while quantizing, one thread or sharing the sub-blocks), the
+// panel sizes from 32 rows on and unpacked weights (scratch path).
+TEST(Matmul, SwigluFusedEqualsSwigluThenMatmul) {
+  ThreadPool pool2(2), pool3(3);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    for (int64_t cols : {64, 96, 192}) {
+      const Weights w = make_weights(type, 40, cols, static_cast<uint32_t>(cols), true);
+      const WeightMatrix m = w.matrix();
+      const PackedWeights packed = PackedWeights::pack({&m, 1}, &pool2);
+      for (int64_t n : {1, 3, 5, 8, 9, 33}) {
+        const std::vector<float> gu = make_activations(n, 2 * cols, static_cast<uint32_t>(n));
+        std::vector<float> act(static_cast<size_t>(n * cols));  // [n, cols]
+        for (int64_t i = 0; i < n; ++i) {
+          swiglu(gu.data() + i * 2 * cols, gu.data() + i * 2 * cols + cols, cols,
+                 act.data() + i * cols);
+        }
+        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+          for (const WeightMatrix& wm : {m, packed.stacked()}) {
+            std::vector<float> want(static_cast<size_t>(n * w.rows), -1.0f);
+            std::vector<float> got(static_cast<size_t>(n * w.rows), -2.0f);
+            std::vector<float> scratch(static_cast<size_t>(n * cols));
+            matmul(wm, act.data(), n, want.data(), pool);
+            matmul_swiglu(wm, gu.data(), n, got.data(), scratch.data(), pool);
+            ASSERT_EQ(first_bit_difference(want, got), -1)
+                << type_name(type) << " cols " << cols << " n " << n << " threads "
+                << (pool ? pool->size() : 1) << (wm.packed ? " packed" : "");
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 
+#include "backend/cpu/ops.h"
 #include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_blocks.h"
 #include "backend/cpu/quant_kernels.h"
@@ -104,6 +105,25 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
 
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
   matmul_isa(active_isa(), w, x, n, y, pool);
+}
+
+void matmul_swiglu(const WeightMatrix& w, const float* gu, int64_t n, float* y, float* scratch,
+                   ThreadPool* pool) {
+  validate(w, n, "matmul_swiglu");
+  if (n == 0 || w.rows == 0) return;
+  if (gu == nullptr || y == nullptr) throw Error("matmul_swiglu: null activations or output");
+  // Fused where the threads share the activation preparation (more than 4 rows); with fewer,
+  // thread 0 prepares alone and a separate swiglu costs the same (in-process A/B, 1 row).
+  if (active_isa() == Isa::kAvx512 && w.packed != nullptr && n > 4 &&
+      n < detail::kPackedPanelMinRows) {
+    detail::packed_matmul_avx512(w, gu, n, y, pool, /*glu=*/true);
+    return;
+  }
+  if (scratch == nullptr) throw Error("matmul_swiglu: null scratch");
+  for (int64_t i = 0; i < n; ++i) {
+    swiglu(gu + i * 2 * w.cols, gu + i * 2 * w.cols + w.cols, w.cols, scratch + i * w.cols);
+  }
+  matmul(w, scratch, n, y, pool);
 }
 
 void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes) {

@@ -37,6 +37,14 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
 void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y,
                 ThreadPool* pool);
 
+// y = swiglu(gate, up) · Wᵀ for n rows whose gate and up halves lie side by side:
+// gu: [n, 2 cols] (gate in columns [0, cols), up in [cols, 2 cols)), y: [n, rows]. Bitwise what
+// swiglu() of each row into [n, cols] followed by matmul() gives. The AVX-512 kernels over packed
+// weights (5 to 31 rows) form the products while they quantize the activations, on all threads
+// and without a pass of their own; elsewhere swiglu runs into scratch ([n, cols]) first.
+void matmul_swiglu(const WeightMatrix& w, const float* gu, int64_t n, float* y, float* scratch,
+                   ThreadPool* pool);
+
 // A hint for thread `ti` of `nt` of a pool, while it has nothing else to do: brings up to
 // `max_bytes` of the weights it will read first in the next matmul(w, ...) over fewer than 32
 // rows into its cache (prefetcht1). Only the AVX-512 kernels over packed weights, whose

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/ops.h"  // swiglu
 #include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_weights_avx512.h"  // <immintrin.h> and the vpdpbusd wrapper
@@ -100,17 +101,29 @@ inline void transpose_groups8(const int8_t* const rows[8], int8_t* qt) {
   _mm512_storeu_si512(qt + 192, _mm512_permutex2var_epi32(t1, second, u1));
 }
 
-// Sub-blocks [b0, b1) of all n activation rows: quantized (natural layout; every 32-block is
-// quantized on its own, so a range gives the bytes of a whole-row call) and copied into the
+// Sub-blocks [b0, b1) of all n activation rows (x: [n, cols], or with glu [n, 2 cols] whose
+// row is swiglu(gate, up) of its halves, formed here segment by segment into thread scratch;
+// swiglu is element-wise, so a segment gives the floats of a whole-row call): quantized (natural
+// layout; every 32-block is quantized on its own, so a range gives the bytes of a whole-row
+// call) and copied into the
 // tiles: by an 8 x 8 transpose where a tile has 4 rows or more (rows beyond n zero), by 4-byte
 // copies for the one or two rows of a decode step (rows beyond n unset).
 template <GgmlType T>
-void prepare_subblocks(const float* x, int64_t n, Acts& a, int64_t b0, int64_t b1) {
+void prepare_subblocks(const float* x, bool glu, int64_t n, Acts& a, int64_t b0, int64_t b1) {
   using P = Packed<T>;
   if (b0 >= b1) return;
+  const int64_t len = 32 * (b1 - b0);
+  float* act =
+      glu ? static_cast<float*>(thread_scratch(kScratchExtra)
+                                    .get(static_cast<size_t>(len) * sizeof(float)))  // [len]
+          : nullptr;
   for (int64_t i = 0; i < n; ++i) {
-    quantize_activations_avx512(x + i * a.cols + 32 * b0, 32 * (b1 - b0),
-                                a.q + i * a.cols + 32 * b0, a.d + i * a.nsub + b0,
+    const float* src = x + i * (glu ? 2 : 1) * a.cols + 32 * b0;
+    if (glu) {
+      swiglu(src, src + a.cols, len, act);
+      src = act;
+    }
+    quantize_activations_avx512(src, len, a.q + i * a.cols + 32 * b0, a.d + i * a.nsub + b0,
                                 a.s16 + i * 2 * a.nsub + 2 * b0);
   }
   for (int64_t t = 0; t * kMaxTile < n; ++t) {
@@ -328,7 +341,8 @@ void blocks_split(const WeightMatrix& w, const Acts& a, int64_t n, float* y, Ste
 }
 
 template <GgmlType T>
-void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool,
+                   bool glu) {
   Acts a;
   a.cols = w.cols;
   a.nsub = w.cols / 32;
@@ -349,7 +363,7 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
 
   const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
   if (pool == nullptr || pool->size() == 1) {
-    prepare_subblocks<T>(x, n, a, 0, a.nsub);
+    prepare_subblocks<T>(x, glu, n, a, 0, a.nsub);
     StealingSplit split(blocks, 1);
     blocks_split<T>(w, a, n, y, split, 0);
     return;
@@ -360,7 +374,7 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
     // Few rows: thread 0 quantizes them while the others wake up; they wait for its flag.
     pool->run([&](int ti, int) {
       if (ti == 0) {
-        prepare_subblocks<T>(x, n, a, 0, a.nsub);
+        prepare_subblocks<T>(x, glu, n, a, 0, a.nsub);
         ready.store(1, std::memory_order_release);
       } else {
         pool->wait_for_flag(ready, 0);
@@ -373,7 +387,7 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
   // the last one (one job instead of a preparation job and a matmul job).
   std::atomic<int> arrived{0};
   pool->run([&](int ti, int nt) {
-    prepare_subblocks<T>(x, n, a, a.nsub * ti / nt, a.nsub * (ti + 1) / nt);
+    prepare_subblocks<T>(x, glu, n, a, a.nsub * ti / nt, a.nsub * (ti + 1) / nt);
     if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == nt) {
       ready.store(1, std::memory_order_release);
     } else {
@@ -386,14 +400,14 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
 }  // namespace
 
 void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y,
-                          ThreadPool* pool) {
+                          ThreadPool* pool, bool glu) {
   switch (w.type) {
     case GgmlType::kQ4_0:
-      return packed_matmul<GgmlType::kQ4_0>(w, x, n, y, pool);
+      return packed_matmul<GgmlType::kQ4_0>(w, x, n, y, pool, glu);
     case GgmlType::kQ4_1:
-      return packed_matmul<GgmlType::kQ4_1>(w, x, n, y, pool);
+      return packed_matmul<GgmlType::kQ4_1>(w, x, n, y, pool, glu);
     case GgmlType::kQ8_0:
-      return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
+      return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool, glu);
     default:
       SPECDEC_CHECK(false, "packed_matmul_avx512: type has no packed layout");
   }

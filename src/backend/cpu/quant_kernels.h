@@ -41,8 +41,9 @@ void matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y, T
 // w.packed set (packed_weights.h); Q4_0, Q4_1 or Q8_0. From kPackedPanelMinRows rows on,
 // matmul_avx512's panel kernel (building its panels from the packed rows) is faster.
 inline constexpr int64_t kPackedPanelMinRows = 32;
+// glu: x is [n, 2 cols] gate | up and the activations are swiglu(gate, up) (matmul_swiglu).
 void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y,
-                          ThreadPool* pool);
+                          ThreadPool* pool, bool glu = false);
 // matmul_prefetch() for packed weights: the start of thread ti's stretch.
 void packed_prefetch_avx512(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);
 

@@ -336,19 +336,24 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     // Feed-forward block.
     rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
     if (w.gate_up.packed != nullptr && active_isa() == Isa::kAvx512) {
-      float* gu = grow(gate_up_, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim]
+      float* gu = grow(gate_up_, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim] gate | up
       matmul(w.gate_up, xn, n, gu, pool);
-      for (int64_t i = 0; i < n; ++i) {
-        swiglu(gu + i * 2 * c.ffn_dim, gu + i * 2 * c.ffn_dim + c.ffn_dim, c.ffn_dim,
-               gate + i * c.ffn_dim);
+      if (dump_) {  // the activations exist as floats only for a dump
+        for (int64_t i = 0; i < n; ++i) {
+          swiglu(gu + i * 2 * c.ffn_dim, gu + i * 2 * c.ffn_dim + c.ffn_dim, c.ffn_dim,
+                 gate + i * c.ffn_dim);
+        }
+        dump("ffn_act", l, gate, n, c.ffn_dim);
       }
+      // swiglu formed while the down matmul quantizes its input (on all threads).
+      matmul_swiglu(w.w_down, gu, n, proj, gate, pool);
     } else {
       matmul(w.w_gate, xn, n, gate, pool);
       matmul(w.w_up, xn, n, up, pool);
       swiglu(gate, up, n * c.ffn_dim, gate);
+      dump("ffn_act", l, gate, n, c.ffn_dim);
+      matmul(w.w_down, gate, n, proj, pool);
     }
-    dump("ffn_act", l, gate, n, c.ffn_dim);
-    matmul(w.w_down, gate, n, proj, pool);
     for (int64_t i = 0; i < n * c.dim; ++i) x[i] += proj[i];
     dump("layer_out", l, x, n, c.dim);
   }
