@@ -880,5 +880,37 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
   }
 }
 
+// Every variant of rope_apply rotates bit for bit as the reference: both styles, rope_dim below
+// head_dim, pair counts that are not multiples of the vector width, dims past rope_dim untouched.
+TEST(Ops, RopeApplyVariantsEqualReference) {
+  std::mt19937 gen(7);
+  const int32_t positions[] = {0, 9, 511, 4000, 3};
+  const int64_t n_tokens = 5;
+  const int n_heads = 3;
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
+    for (int head_dim : {64, 128, 20, 7}) {
+      for (int rope_dim : {head_dim - head_dim % 2, 2 * (head_dim / 4), 2, 34}) {
+        if (rope_dim < 2 || rope_dim > head_dim) continue;
+        std::vector<float> cos_sin(static_cast<size_t>(n_tokens * rope_dim));
+        rope_angles(positions, n_tokens, rope_dim, 10000.0f, 1.0f, cos_sin.data());
+        const std::vector<float> x = random_vector(gen, n_tokens * n_heads * head_dim, -3, 3);
+        std::vector<float> want = x;
+        rope_apply_isa(Isa::kScalar, want.data(), cos_sin.data(), n_tokens, n_heads, head_dim,
+                       rope_dim, style);
+        for (Isa isa : supported_variants()) {
+          std::vector<float> got = x;
+          rope_apply_isa(isa, got.data(), cos_sin.data(), n_tokens, n_heads, head_dim, rope_dim,
+                         style);
+          ASSERT_EQ(
+              first_bitwise_difference(want.data(), got.data(), static_cast<int64_t>(want.size())),
+              -1)
+              << isa_name(isa) << " style " << static_cast<int>(style) << " head_dim " << head_dim
+              << " rope_dim " << rope_dim;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specdec

@@ -89,6 +89,8 @@ void swiglu_isa(Isa isa, const float* gate, const float* up, int64_t n, float* o
 void softmax_isa(Isa isa, float* x, int64_t n);
 void f32_to_f16_isa(Isa isa, const float* x, int64_t n, uint16_t* y);
 void f16_to_f32_isa(Isa isa, const uint16_t* x, int64_t n, float* y);
+void rope_apply_isa(Isa isa, float* x, const float* cos_sin, int64_t n_tokens, int n_heads,
+                    int head_dim, int rope_dim, RopeStyle style);
 void attention_isa(Isa isa, const AttentionShape& s, const float* q, const void* k, const void* v,
                    KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool);
 inline void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k,
@@ -238,6 +240,10 @@ struct OpsKernels {
   void (*attn_accumulate_merge_f16)(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
                                     int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
                                     const float* wn, float* big_a, AttnPrefetch next);
+  // rope_apply (arguments checked): each rotated value x0·c - x1·s / x0·s + x1·c from the two
+  // rounded products, as the reference computes it, so every variant gives the same bits.
+  void (*rope_apply)(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
+                     int rope_dim, RopeStyle style);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)

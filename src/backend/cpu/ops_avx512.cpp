@@ -808,6 +808,57 @@ void k16_tiles_to_rows_avx512(const uint16_t* kt, int64_t tile_stride, int64_t n
   }
 }
 
+// --- RoPE --------------------------------------------------------------------------------
+// The products come from the masked-multiply builtins, which the compiler does not contract with
+// the following add or subtract into an FMA: each value is the reference's two rounded products
+// and one rounded sum (x0·s + x1·c and x1·c + x0·s are the same IEEE sum).
+inline __m512 mul_rounded(__m512 a, __m512 b) {
+  return _mm512_maskz_mul_ps(0xffff, a, b);
+}
+
+void rope_apply_avx512(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
+                       int rope_dim, RopeStyle style) {
+  const int n_pairs = rope_dim / 2;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* xt = x + t * n_heads * head_dim;    // [n_heads, head_dim]
+    const float* cs = cos_sin + t * rope_dim;  // [n_pairs, 2]
+    for (int h = 0; h < n_heads; ++h) {
+      float* xh = xt + static_cast<int64_t>(h) * head_dim;  // [head_dim]
+      if (style == RopeStyle::kNorm) {
+        // 8 pairs (x0, x1) per vector: even lanes x0·c - x1·s, odd lanes x1·c + x0·s.
+        for (int i = 0; i < rope_dim; i += kLanes) {
+          const __mmask16 m = tail_mask(rope_dim - i < kLanes ? rope_dim - i : kLanes);
+          const __m512 v = _mm512_maskz_loadu_ps(m, xh + i);
+          const __m512 c = _mm512_maskz_loadu_ps(m, cs + i);  // (cos, sin) per pair
+          const __m512 t1 = mul_rounded(v, _mm512_moveldup_ps(c));
+          const __m512 t2 = mul_rounded(_mm512_permute_ps(v, 0xb1), _mm512_movehdup_ps(c));
+          const __m512 r = _mm512_mask_sub_ps(_mm512_add_ps(t1, t2), 0x5555, t1, t2);
+          _mm512_mask_storeu_ps(xh + i, m, r);
+        }
+      } else {
+        // 16 pairs (x[i], x[i + n_pairs]) per step; cos / sin de-interleaved from cs.
+        for (int i = 0; i < n_pairs; i += kLanes) {
+          const int pairs = n_pairs - i < kLanes ? n_pairs - i : kLanes;
+          const __mmask16 m = tail_mask(pairs);
+          const int first = 2 * pairs < kLanes ? 2 * pairs : kLanes;
+          const __m512 lo = _mm512_maskz_loadu_ps(tail_mask(first), cs + 2 * i);
+          const __m512 hi =
+              _mm512_maskz_loadu_ps(tail_mask(2 * pairs - first), cs + 2 * i + kLanes);
+          const __m512 cv = _mm512_permutex2var_ps(lo, even, hi);
+          const __m512 sv = _mm512_permutex2var_ps(lo, odd, hi);
+          const __m512 x0 = _mm512_maskz_loadu_ps(m, xh + i);
+          const __m512 x1 = _mm512_maskz_loadu_ps(m, xh + n_pairs + i);
+          _mm512_mask_storeu_ps(xh + i, m, _mm512_sub_ps(mul_rounded(x0, cv), mul_rounded(x1, sv)));
+          _mm512_mask_storeu_ps(xh + n_pairs + i, m,
+                                _mm512_add_ps(mul_rounded(x0, sv), mul_rounded(x1, cv)));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_avx512() {
@@ -830,6 +881,7 @@ const OpsKernels& ops_kernels_avx512() {
       k16_tiles_to_rows_avx512,
       attn_accumulate_f16_avx512,
       attn_accumulate_merge_f16_avx512,
+      rope_apply_avx512,
   };
   return kernels;
 }

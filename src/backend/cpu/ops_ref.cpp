@@ -1,7 +1,6 @@
 // Scalar reference kernels of the element-wise and attention ops (the OpsKernels table for
-// Isa::kScalar), plus rope and argmax, which have only this variant: rope costs
-// n_heads * rope_dim / 2 rotations per token and argmax one pass over the vocabulary per
-// sampled row, both negligible beside the matmuls, so SIMD variants would not pay.
+// Isa::kScalar), plus the RoPE angles and argmax, which have only this variant (once per forward
+// pass / one pass over the vocabulary per sampled row, negligible beside the matmuls).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -163,20 +162,58 @@ void f16_to_f32_rows_ref(const uint16_t* src, int64_t src_stride, int64_t n_rows
   }
 }
 
+// The products are rounded before the sum (no contraction into an FMA, which a -march=native
+// build would otherwise allow), so the SIMD variants can match bit for bit.
+[[gnu::optimize("fp-contract=off")]] void rope_apply_ref(float* x, const float* cos_sin,
+                                                         int64_t n_tokens, int n_heads,
+                                                         int head_dim, int rope_dim,
+                                                         RopeStyle style) {
+  const int n_pairs = rope_dim / 2;
+  // Style kNorm rotates (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + rope_dim/2]).
+  const int first_stride = style == RopeStyle::kNorm ? 2 : 1;
+  const int second_offset = style == RopeStyle::kNorm ? 1 : n_pairs;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* xt = x + t * n_heads * head_dim;    // [n_heads, head_dim]
+    const float* cs = cos_sin + t * rope_dim;  // [n_pairs, 2]
+    for (int h = 0; h < n_heads; ++h) {
+      float* xh = xt + static_cast<int64_t>(h) * head_dim;  // [head_dim]
+      for (int i = 0; i < n_pairs; ++i) {
+        const float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
+        const int a = i * first_stride;
+        const int b = a + second_offset;
+        const float x0 = xh[a];
+        const float x1 = xh[b];
+        xh[a] = x0 * cos_t - x1 * sin_t;
+        xh[b] = x0 * sin_t + x1 * cos_t;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_ref() {
   static const OpsKernels kernels = {
-      rmsnorm_ref,         swiglu_ref,
-      row_max_ref,         exp_shifted_sum_ref,
-      scale_ref,           attn_pack_q_ref,
-      attn_scores_ref,     attn_chunk_softmax_ref,
-      attn_accumulate_ref, attn_merge_weights_ref,
-      attn_merge_rows_ref, attn_accumulate_merge_ref,
-      f32_to_f16_ref,      f16_to_f32_rows_ref,
+      rmsnorm_ref,
+      swiglu_ref,
+      row_max_ref,
+      exp_shifted_sum_ref,
+      scale_ref,
+      attn_pack_q_ref,
+      attn_scores_ref,
+      attn_chunk_softmax_ref,
+      attn_accumulate_ref,
+      attn_merge_weights_ref,
+      attn_merge_rows_ref,
+      attn_accumulate_merge_ref,
+      f32_to_f16_ref,
+      f16_to_f32_rows_ref,
       // No f16 K-tile or V kernels: the driver converts the tiles and rows into float rows.
-      nullptr,             nullptr,
-      nullptr,             nullptr,
+      nullptr,
+      nullptr,
+      nullptr,
+      nullptr,
+      rope_apply_ref,
   };
   return kernels;
 }
@@ -199,32 +236,6 @@ void rope_angles(const int32_t* positions, int64_t n_tokens, int rope_dim, float
       const float theta = pos * freq_scale * inv_freq[i];
       cs[2 * i] = std::cos(theta);
       cs[2 * i + 1] = std::sin(theta);
-    }
-  }
-}
-
-void rope_apply(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
-                int rope_dim, RopeStyle style) {
-  SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
-                "rope: rope_dim must be even and in (0, head_dim]");
-  const int n_pairs = rope_dim / 2;
-  // Style kNorm rotates (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + rope_dim/2]).
-  const int first_stride = style == RopeStyle::kNorm ? 2 : 1;
-  const int second_offset = style == RopeStyle::kNorm ? 1 : n_pairs;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    float* xt = x + t * n_heads * head_dim;  // [n_heads, head_dim]
-    const float* cs = cos_sin + t * rope_dim;  // [n_pairs, 2]
-    for (int h = 0; h < n_heads; ++h) {
-      float* xh = xt + static_cast<int64_t>(h) * head_dim;  // [head_dim]
-      for (int i = 0; i < n_pairs; ++i) {
-        const float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
-        const int a = i * first_stride;
-        const int b = a + second_offset;
-        const float x0 = xh[a];
-        const float x1 = xh[b];
-        xh[a] = x0 * cos_t - x1 * sin_t;
-        xh[b] = x0 * sin_t + x1 * cos_t;
-      }
     }
   }
 }
