@@ -11,6 +11,7 @@
 #include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_blocks.h"
 #include "backend/cpu/quant_kernels.h"
+#include "backend/cpu/thread_pool.h"
 #include "util/check.h"
 
 namespace specdec {
@@ -120,8 +121,15 @@ void matmul_swiglu(const WeightMatrix& w, const float* gu, int64_t n, float* y, 
     return;
   }
   if (scratch == nullptr) throw Error("matmul_swiglu: null scratch");
-  for (int64_t i = 0; i < n; ++i) {
-    swiglu(gu + i * 2 * w.cols, gu + i * 2 * w.cols + w.cols, w.cols, scratch + i * w.cols);
+  auto rows = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      swiglu(gu + i * 2 * w.cols, gu + i * 2 * w.cols + w.cols, w.cols, scratch + i * w.cols);
+    }
+  };
+  if (pool != nullptr && n >= detail::kPackedPanelMinRows) {
+    pool->parallel_for(n, 1, rows);  // a prefill's rows: worth a job of their own
+  } else {
+    rows(0, n);
   }
   matmul(w, scratch, n, y, pool);
 }

@@ -224,6 +224,21 @@ bool solo_attention(int64_t n, int64_t n_past, const ThreadPool* pool) {
   return pool != nullptr && pool->size() > 1 && n * (n_past + n) <= kSoloAttentionPairs;
 }
 
+// Batches of at least this many rows (prefill) run their element-wise steps (norms, residual
+// adds, the Q/K/V split and RoPE, swiglu) as row ranges on all threads; below it a job's
+// hand-over costs more than the step (a few microseconds for a verification pass).
+constexpr int64_t kParallelRows = 32;
+
+// fn(i0, i1) over the rows [0, n): split between the pool's threads for large batches.
+template <class F>
+void for_rows(int64_t n, ThreadPool* pool, F&& fn) {
+  if (pool != nullptr && pool->size() > 1 && n >= kParallelRows) {
+    pool->parallel_for(n, 1, fn);
+  } else {
+    fn(int64_t{0}, n);
+  }
+}
+
 template <class T>
 T* grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -290,13 +305,24 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     // Attention block.
-    rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
+    if (l == 0) {  // later layers normalize in the previous layer's last row pass
+      for_rows(n, pool, [&](int64_t i0, int64_t i1) {
+        rmsnorm(x + i0 * c.dim, w.attn_norm, c.rms_eps, i1 - i0, c.dim, xn + i0 * c.dim);
+      });
+    }
     dump("attn_norm", l, xn, n, c.dim);
-    if (w.qkv.packed != nullptr && active_isa() == Isa::kAvx512) {
-      const int64_t width = c.q_dim() + 2 * kv_row;
-      float* qkv = grow(qkv_, n * width);  // [n, q_dim + 2 kv_dim]
+    const bool stacked_qkv = w.qkv.packed != nullptr && active_isa() == Isa::kAvx512;
+    const int64_t width = c.q_dim() + 2 * kv_row;
+    float* qkv = stacked_qkv ? grow(qkv_, n * width) : nullptr;  // [n, q_dim + 2 kv_dim]
+    if (stacked_qkv) {
       matmul(w.qkv, xn, n, qkv, pool);
-      for (int64_t i = 0; i < n; ++i) {
+    } else {
+      matmul(w.wq, xn, n, q, pool);
+      matmul(w.wk, xn, n, k_new, pool);
+      matmul(w.wv, xn, n, v_new, pool);
+    }
+    for_rows(n, pool, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; stacked_qkv && i < i1; ++i) {
         const float* src = qkv + i * width;
         const size_t q_bytes = static_cast<size_t>(c.q_dim()) * sizeof(float);
         const size_t kv_bytes = static_cast<size_t>(kv_row) * sizeof(float);
@@ -304,13 +330,11 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
         std::memcpy(k_new + i * kv_row, src + c.q_dim(), kv_bytes);
         std::memcpy(v_new + i * kv_row, src + c.q_dim() + kv_row, kv_bytes);
       }
-    } else {
-      matmul(w.wq, xn, n, q, pool);
-      matmul(w.wk, xn, n, k_new, pool);
-      matmul(w.wv, xn, n, v_new, pool);
-    }
-    rope_apply(q, cos_sin, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_style);
-    rope_apply(k_new, cos_sin, n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style);
+      rope_apply(q + i0 * c.q_dim(), cos_sin + i0 * c.rope_dim, i1 - i0, c.n_heads, c.head_dim,
+                 c.rope_dim, c.rope_style);
+      rope_apply(k_new + i0 * kv_row, cos_sin + i0 * c.rope_dim, i1 - i0, c.n_kv_heads, c.head_dim,
+                 c.rope_dim, c.rope_style);
+    });
     dump("q_rope", l, q, n, c.q_dim());
     dump("k_rope", l, k_new, n, kv_row);
     dump("v", l, v_new, n, kv_row);
@@ -330,11 +354,12 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     }
     dump("attn_out", l, attn, n, c.q_dim());
     matmul(w.wo, attn, n, proj, pool);
-    for (int64_t i = 0; i < n * c.dim; ++i) x[i] += proj[i];
+    // Residual add, then the feed-forward block's norm, row range by row range.
+    for_rows(n, pool, [&](int64_t i0, int64_t i1) {
+      for (int64_t e = i0 * c.dim; e < i1 * c.dim; ++e) x[e] += proj[e];
+      rmsnorm(x + i0 * c.dim, w.ffn_norm, c.rms_eps, i1 - i0, c.dim, xn + i0 * c.dim);
+    });
     dump("attn_residual", l, x, n, c.dim);
-
-    // Feed-forward block.
-    rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
     if (w.gate_up.packed != nullptr && active_isa() == Isa::kAvx512) {
       float* gu = grow(gate_up_, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim] gate | up
       matmul(w.gate_up, xn, n, gu, pool);
@@ -354,7 +379,14 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
       dump("ffn_act", l, gate, n, c.ffn_dim);
       matmul(w.w_down, gate, n, proj, pool);
     }
-    for (int64_t i = 0; i < n * c.dim; ++i) x[i] += proj[i];
+    // Residual add, then the next layer's attention norm, row range by row range.
+    const float* next_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm : nullptr;
+    for_rows(n, pool, [&](int64_t i0, int64_t i1) {
+      for (int64_t e = i0 * c.dim; e < i1 * c.dim; ++e) x[e] += proj[e];
+      if (next_norm != nullptr) {
+        rmsnorm(x + i0 * c.dim, next_norm, c.rms_eps, i1 - i0, c.dim, xn + i0 * c.dim);
+      }
+    });
     dump("layer_out", l, x, n, c.dim);
   }
   kv.append(n);
