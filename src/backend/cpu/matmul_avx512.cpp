@@ -26,6 +26,7 @@
 #include "backend/cpu/packed_weights.h"
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/quant_weights_avx512.h"
+#include "backend/cpu/stealing_split.h"
 #include "backend/cpu/thread_pool.h"
 
 namespace specdec {
@@ -1003,7 +1004,15 @@ void quantized_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y
     auto body = [&](int64_t r0, int64_t r1) { panel_kernel<T>(w, a, y, r0, r1); };
     if (pool) {
       pool->parallel_for(a.n_pad, kTileRows, prepare_rows);
-      pool->parallel_for(w.rows, kPanelRows, body);
+      // Panels claimed one at a time (stealing_split.h) rather than a static half each, which
+      // leaves the faster thread waiting whenever the other core is slowed down.
+      const int64_t panels = (w.rows + kPanelRows - 1) / kPanelRows;
+      StealingSplit split(panels, pool->size());
+      pool->run([&](int ti, int) {
+        for (StealingSplit::Claim c = split.next(ti); c.item >= 0; c = split.next(ti)) {
+          body(c.item * kPanelRows, std::min(w.rows, (c.item + 1) * kPanelRows));
+        }
+      });
     } else {
       prepare_rows(0, a.n_pad);
       body(0, w.rows);
