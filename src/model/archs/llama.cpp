@@ -375,7 +375,10 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     } else {
       matmul(w.w_gate, xn, n, gate, pool);
       matmul(w.w_up, xn, n, up, pool);
-      swiglu(gate, up, n * c.ffn_dim, gate);
+      for_rows(n, pool, [&](int64_t i0, int64_t i1) {
+        swiglu(gate + i0 * c.ffn_dim, up + i0 * c.ffn_dim, (i1 - i0) * c.ffn_dim,
+               gate + i0 * c.ffn_dim);
+      });
       dump("ffn_act", l, gate, n, c.ffn_dim);
       matmul(w.w_down, gate, n, proj, pool);
     }
