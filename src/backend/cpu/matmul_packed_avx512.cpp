@@ -282,31 +282,13 @@ void one_block(const WeightMatrix& w, const Acts& a, int64_t n, float* y,
     block_rows<T, kMaxTile>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
     near = far = nullptr;  // the first pass brings the blocks in; later ones hit the cache
   }
-  switch (n - i0) {
-    case 7:
-      block_rows<T, 7>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
-      break;
-    case 6:
-      block_rows<T, 6>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
-      break;
-    case 5:
-      block_rows<T, 5>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
-      break;
-    case 4:
-      block_rows<T, 4>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
-      break;
-    case 3:
-      block_rows<T, 3>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
-      break;
-    case 2:
-      block_rows<T, 2>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
-      break;
-    case 1:
-      block_rows<T, 1>(blk, bb, a, i0, y, w.rows, col0, valid, near, far);
-      break;
-    default:
-      break;
-  }
+  // The last 1..7 rows: the pass instantiated for their count.
+  using Tail = void (*)(const uint8_t*, int64_t, const Acts&, int64_t, float*, int64_t, int64_t,
+                        int64_t, const uint8_t*, const uint8_t*);
+  static constexpr Tail kTails[kMaxTile] = {nullptr,          block_rows<T, 1>, block_rows<T, 2>,
+                                            block_rows<T, 3>, block_rows<T, 4>, block_rows<T, 5>,
+                                            block_rows<T, 6>, block_rows<T, 7>};
+  if (i0 < n) kTails[n - i0](blk, bb, a, i0, y, w.rows, col0, valid, near, far);
 }
 
 // The lines of [p, p + bytes) (hint T0 into L1 or T1 into L2).
