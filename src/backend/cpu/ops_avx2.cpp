@@ -562,16 +562,22 @@ void f16_to_f32_rows_avx2(const uint16_t* src, int64_t src_stride, int64_t n_row
 }  // namespace
 
 const OpsKernels& ops_kernels_avx2() {
+  // clang-format off
   static const OpsKernels kernels = {
-      rmsnorm_avx2, swiglu_avx2, row_max_avx2, exp_shifted_sum_avx2,
+      rmsnorm_avx2,         swiglu_avx2,
+      row_max_avx2,         exp_shifted_sum_avx2,
       // The packed q is the reference's (q·mult, row-major): attn_scores_avx2 reads that form.
-      scale_avx2, ops_kernels_ref().attn_pack_q, attn_scores_avx2, attn_chunk_softmax_avx2,
-      attn_accumulate_avx2, attn_merge_weights_avx2, attn_merge_rows_avx2,
-      attn_accumulate_merge_avx2, f32_to_f16_avx2, f16_to_f32_rows_avx2,
+      scale_avx2,           ops_kernels_ref().attn_pack_q,
+      attn_scores_avx2,     attn_chunk_softmax_avx2,
+      attn_accumulate_avx2, attn_merge_weights_avx2,
+      attn_merge_rows_avx2, attn_accumulate_merge_avx2,
+      f32_to_f16_avx2,      f16_to_f32_rows_avx2,
       // No f16 K-tile or V kernels: the driver converts the tiles and rows into float rows.
-      nullptr, nullptr, nullptr, nullptr,
+      nullptr,              nullptr,
+      nullptr,              nullptr,
       ops_kernels_ref().rope_apply,  // a few rotations per head: the reference serves AVX2 hosts
   };
+  // clang-format on
   return kernels;
 }
 

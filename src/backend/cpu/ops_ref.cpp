@@ -193,28 +193,21 @@ void f16_to_f32_rows_ref(const uint16_t* src, int64_t src_stride, int64_t n_rows
 }  // namespace
 
 const OpsKernels& ops_kernels_ref() {
+  // clang-format off
   static const OpsKernels kernels = {
-      rmsnorm_ref,
-      swiglu_ref,
-      row_max_ref,
-      exp_shifted_sum_ref,
-      scale_ref,
-      attn_pack_q_ref,
-      attn_scores_ref,
-      attn_chunk_softmax_ref,
-      attn_accumulate_ref,
-      attn_merge_weights_ref,
-      attn_merge_rows_ref,
-      attn_accumulate_merge_ref,
-      f32_to_f16_ref,
-      f16_to_f32_rows_ref,
+      rmsnorm_ref,         swiglu_ref,
+      row_max_ref,         exp_shifted_sum_ref,
+      scale_ref,           attn_pack_q_ref,
+      attn_scores_ref,     attn_chunk_softmax_ref,
+      attn_accumulate_ref, attn_merge_weights_ref,
+      attn_merge_rows_ref, attn_accumulate_merge_ref,
+      f32_to_f16_ref,      f16_to_f32_rows_ref,
       // No f16 K-tile or V kernels: the driver converts the tiles and rows into float rows.
-      nullptr,
-      nullptr,
-      nullptr,
-      nullptr,
+      nullptr,             nullptr,
+      nullptr,             nullptr,
       rope_apply_ref,
   };
+  // clang-format on
   return kernels;
 }
 
