@@ -36,10 +36,10 @@
 // evicts them between layers). An f16 cache keeps K in tiles of 16 slots (kv/k_tiles.h): where
 // the variant has attn_scores_k16 the scores of a chunk's tile columns read the tiles directly
 // (bitwise the scores of attn_scores on the same values); otherwise, and for run pieces, the
-// K rows a kernel call needs are converted (exactly) into a float tile. Σ p·v over the tile
-// columns reads the f16 V rows directly where the variant has attn_accumulate_f16 (converting
-// as it loads); run pieces and other variants convert V rows into a float tile too. Either way
-// the arithmetic is that of the float cache on the same values. A thread working
+// K rows a kernel call needs are converted (exactly) into a float tile. Σ p·v reads the f16 V
+// rows directly where the variant has attn_accumulate_f16 (converting as it loads); other
+// variants convert V rows into a float tile too. Either way the arithmetic is that of the float
+// cache on the same values. A thread working
 // on a chunk has the kernels prefetch the next chunk it will work on (AttnPrefetch), a third per
 // KV head, so that the next K/V rows arrive while it computes.
 //
@@ -325,18 +325,32 @@ FloatRows head_rows(const AttentionCall& c, const void* kv, int h, int64_t slot,
   return {t, c.s.head_dim};
 }
 
-// Whether Σ p·v of a chunk's tile columns reads the f16 V rows directly (the variant converts
-// each value as it loads it) instead of converting them into a float tile first. In-process A/B
-// at 512 cached tokens: 0.96-0.97x the decode step time, 0.98-0.99x for 8 new tokens (whose
-// 24 rows per KV head convert each value four times), prefill unchanged.
-bool direct_v(const AttentionCall& c) {
-  return c.kv_type == KvType::kF16 && c.kern.attn_accumulate_f16 != nullptr;
-}
-
-// V of KV head h from slot `slot` in an f16 cache: rows c.kv_stride halves apart.
-const uint16_t* v_half_rows(const AttentionCall& c, int h, int64_t slot) {
-  return static_cast<const uint16_t*>(c.v) + slot * c.kv_stride +
-         static_cast<int64_t>(h) * c.s.head_dim;
+// Σ p·v over the V rows [slot, slot + count) of KV head h for n_q rows of p (ld_p apart):
+// added to out [n_q, head_dim], or with wo / wn merged into it as attn_accumulate_merge does.
+// An f16 cache's rows are read directly where the variant has the f16 kernels (each value
+// converted as it is loaded), otherwise converted into `tile` first. In-process A/B at 512
+// cached tokens: 0.96-0.97x the decode step time, 0.98-0.99x for 8 new tokens (whose 24 rows
+// per KV head convert each value four times), prefill unchanged.
+void sum_pv(const AttentionCall& c, int h, int64_t slot, int64_t count, const float* p,
+            int64_t ld_p, int n_q, const float* wo, const float* wn, float* out,
+            std::vector<float>* tile, AttnPrefetch next) {
+  const int hd = c.s.head_dim;
+  if (c.kv_type == KvType::kF16 && c.kern.attn_accumulate_f16 != nullptr) {
+    const uint16_t* v = static_cast<const uint16_t*>(c.v) + slot * c.kv_stride +
+                        static_cast<int64_t>(h) * hd;  // rows c.kv_stride halves apart
+    if (wo != nullptr) {
+      c.kern.attn_accumulate_merge_f16(p, ld_p, n_q, v, c.kv_stride, count, hd, wo, wn, out, next);
+    } else {
+      c.kern.attn_accumulate_f16(p, ld_p, n_q, v, c.kv_stride, count, hd, out, next);
+    }
+    return;
+  }
+  const FloatRows v = head_rows(c, c.v, h, slot, count, tile);
+  if (wo != nullptr) {
+    c.kern.attn_accumulate_merge(p, ld_p, n_q, v.p, v.stride, count, hd, wo, wn, out, next);
+  } else {
+    c.kern.attn_accumulate(p, ld_p, n_q, v.p, v.stride, count, hd, out, next);
+  }
 }
 
 // head_rows for K, whose f16 layout is tiles: from a tile's first slot the variant's
@@ -468,22 +482,17 @@ void chunk_sums(const AttentionCall& c, const Block& blk, int h, const Chunk& ch
   const int rows = blk.rows_per_head;
   const int64_t c0 = ch.c0, c1 = ch.c1, tile_cols = ch.tile_cols;
   std::fill_n(a, rows * hd, 0.0f);
-  if (tile_cols > 0 && direct_v(c)) {
-    c.kern.attn_accumulate_f16(sc.scores.data(), kChunk, rows, v_half_rows(c, h, c0), c.kv_stride,
-                               tile_cols, c.s.head_dim, a, next_v);
-  } else if (tile_cols > 0) {
-    const FloatRows v = head_rows(c, c.v, h, c0, tile_cols, &sc.v_tile);
-    c.kern.attn_accumulate(sc.scores.data(), kChunk, rows, v.p, v.stride, tile_cols, c.s.head_dim,
-                           a, next_v);
+  if (tile_cols > 0) {
+    sum_pv(c, h, c0, tile_cols, sc.scores.data(), kChunk, rows, nullptr, nullptr, a, &sc.v_tile,
+           next_v);
   }
   if (!ch.runs) return;
   for (int64_t t = 0; t < blk.n_tokens; ++t) {
     const int64_t i = blk.token_begin + t;
     if (!runs_in_chunk(c, i, c0, c1)) continue;
     for_run_pieces(c, i, c0, c1, [&](int64_t column, int64_t slot, int64_t count) {
-      const FloatRows v = head_rows(c, c.v, h, slot, count, &sc.piece);
-      c.kern.attn_accumulate(sc.side.data() + t * c.group * kChunk + column, kChunk, c.group, v.p,
-                             v.stride, count, c.s.head_dim, a + t * c.group * hd, {});
+      sum_pv(c, h, slot, count, sc.side.data() + t * c.group * kChunk + column, kChunk, c.group,
+             nullptr, nullptr, a + t * c.group * hd, &sc.piece, {});
     });
   }
 }
@@ -527,14 +536,9 @@ void merge_chunk(const AttentionCall& c, const Block& blk, int h, const Chunk& c
   float* ml = grow(&sc.ml, 4 * rows);  // [4, rows] m, l, wo, wn of the chunk
   chunk_probs(c, blk, h, ch, packed_h, packed_tok_h, sc, ml, ml + rows, next.k);
   c.kern.attn_merge_weights(ml, ml + rows, rows, big_m_h, big_l_h, ml + 2 * rows, ml + 3 * rows);
-  if (!ch.runs && ch.tile_cols > 0 && direct_v(c)) {
-    c.kern.attn_accumulate_merge_f16(sc.scores.data(), kChunk, rows, v_half_rows(c, h, ch.c0),
-                                     c.kv_stride, ch.tile_cols, c.s.head_dim, ml + 2 * rows,
-                                     ml + 3 * rows, big_a_h, next.v);
-  } else if (!ch.runs && ch.tile_cols > 0) {
-    const FloatRows v = head_rows(c, c.v, h, ch.c0, ch.tile_cols, &sc.v_tile);
-    c.kern.attn_accumulate_merge(sc.scores.data(), kChunk, rows, v.p, v.stride, ch.tile_cols,
-                                 c.s.head_dim, ml + 2 * rows, ml + 3 * rows, big_a_h, next.v);
+  if (!ch.runs && ch.tile_cols > 0) {
+    sum_pv(c, h, ch.c0, ch.tile_cols, sc.scores.data(), kChunk, rows, ml + 2 * rows, ml + 3 * rows,
+           big_a_h, &sc.v_tile, next.v);
   } else {
     float* a = grow(&sc.a, rows * c.s.head_dim);  // [rows, head_dim]
     chunk_sums(c, blk, h, ch, sc, a, next.v);

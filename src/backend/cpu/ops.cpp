@@ -56,19 +56,24 @@ void f16_to_f32_isa(Isa isa, const uint16_t* x, int64_t n, float* y) {
   f16_to_f32_with(ops_kernels_for(isa, true), x, n, y);
 }
 
-void rope_apply_isa(Isa isa, float* x, const float* cos_sin, int64_t n_tokens, int n_heads,
-                    int head_dim, int rope_dim, RopeStyle style) {
+// The kernels take checked arguments.
+void rope_apply_with(const OpsKernels& kern, float* x, const float* cos_sin, int64_t n_tokens,
+                     int n_heads, int head_dim, int rope_dim, RopeStyle style) {
   SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
                 "rope: rope_dim must be even and in (0, head_dim]");
-  ops_kernels_for(isa, true).rope_apply(x, cos_sin, n_tokens, n_heads, head_dim, rope_dim, style);
+  kern.rope_apply(x, cos_sin, n_tokens, n_heads, head_dim, rope_dim, style);
+}
+
+void rope_apply_isa(Isa isa, float* x, const float* cos_sin, int64_t n_tokens, int n_heads,
+                    int head_dim, int rope_dim, RopeStyle style) {
+  rope_apply_with(ops_kernels_for(isa, true), x, cos_sin, n_tokens, n_heads, head_dim, rope_dim,
+                  style);
 }
 
 void rope_apply(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
                 int rope_dim, RopeStyle style) {
-  SPECDEC_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
-                "rope: rope_dim must be even and in (0, head_dim]");
-  ops_kernels_for(active_isa(), false)
-      .rope_apply(x, cos_sin, n_tokens, n_heads, head_dim, rope_dim, style);
+  rope_apply_with(ops_kernels_for(active_isa(), false), x, cos_sin, n_tokens, n_heads, head_dim,
+                  rope_dim, style);
 }
 
 void f32_to_f16(const float* x, int64_t n, uint16_t* y) {
