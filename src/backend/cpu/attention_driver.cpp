@@ -588,14 +588,6 @@ void run_task(const AttentionCall& c, int64_t k) {
   block_task(c, c.plan.n_blocks - 1 - k);
 }
 
-void barrier(BlockSync& sync, ThreadPool* pool, int thread_index, int num_threads) {
-  if (sync.arrived.fetch_add(1, std::memory_order_acq_rel) == num_threads - 1) {
-    sync.open.store(1, std::memory_order_release);
-  } else {
-    pool->wait_for_flag(sync.open, (thread_index + 1) % num_threads);
-  }
-}
-
 // Thread `ti`'s claims of a block's units. Thread 0 takes units from the front, in order (it
 // merges them as it goes); the others take them from the back. With two threads, each first
 // takes kReservedShare of the units at its end without asking; every further claim counts
@@ -689,7 +681,7 @@ void blocks_shared(const AttentionCall& c, SharedBuffers& shared, ThreadPool* po
       }
     }
     if (ti == 0) sync.front.store(claims.taken(), std::memory_order_relaxed);
-    barrier(sync, pool, ti, nt);
+    pool->arrive_and_wait(sync.arrived, sync.open, ti, nt);
     const int64_t u_first = sync.front.load(std::memory_order_relaxed);  // thread 0's units
 
     // Rows [r_begin, r_end), by runs of one KV head: merged over the head's chunks from the first

@@ -105,9 +105,8 @@ inline void transpose_groups8(const int8_t* const rows[8], int8_t* qt) {
 // row is swiglu(gate, up) of its halves, formed here segment by segment into thread scratch;
 // swiglu is element-wise, so a segment gives the floats of a whole-row call): quantized (natural
 // layout; every 32-block is quantized on its own, so a range gives the bytes of a whole-row
-// call) and copied into the
-// tiles: by an 8 x 8 transpose where a tile has 4 rows or more (rows beyond n zero), by 4-byte
-// copies for the one or two rows of a decode step (rows beyond n unset).
+// call) and copied into the tiles: by an 8 x 8 transpose where a tile has 4 rows or more (rows
+// beyond n zero), by 4-byte copies for the one or two rows of a decode step (rows beyond n unset).
 template <GgmlType T>
 void prepare_subblocks(const float* x, bool glu, int64_t n, Acts& a, int64_t b0, int64_t b1) {
   using P = Packed<T>;
@@ -370,11 +369,7 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
   std::atomic<int> arrived{0};
   pool->run([&](int ti, int nt) {
     prepare_subblocks<T>(x, glu, n, a, a.nsub * ti / nt, a.nsub * (ti + 1) / nt);
-    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == nt) {
-      ready.store(1, std::memory_order_release);
-    } else {
-      pool->wait_for_flag(ready, ti == 0 ? 1 : 0);
-    }
+    pool->arrive_and_wait(arrived, ready, ti, nt);
     blocks_split<T>(w, a, n, y, split, ti);
   });
 }

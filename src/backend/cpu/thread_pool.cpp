@@ -218,4 +218,13 @@ void ThreadPool::wait_for_flag(const std::atomic<int>& flag, int awaited) const 
   shared_->wait_for_flag(flag, awaited);
 }
 
+void ThreadPool::arrive_and_wait(std::atomic<int>& arrived, std::atomic<int>& open, int ti,
+                                 int nt) const {
+  if (arrived.fetch_add(1, std::memory_order_acq_rel) == nt - 1) {
+    open.store(1, std::memory_order_release);
+  } else {
+    wait_for_flag(open, (ti + 1) % nt);
+  }
+}
+
 }  // namespace specdec

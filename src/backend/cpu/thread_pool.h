@@ -37,6 +37,10 @@ class ThreadPool {
   // pool threads on one core does not make the waiter starve the thread it waits for.
   void wait_for_flag(const std::atomic<int>& flag, int awaited) const;
 
+  // A barrier of the nt threads of one job, both counters starting at 0: thread ti counts itself
+  // in `arrived`; the last to arrive sets `open`, the others wait for it (wait_for_flag).
+  void arrive_and_wait(std::atomic<int>& arrived, std::atomic<int>& open, int ti, int nt) const;
+
   // Splits [0, n) into contiguous chunks (multiples of `grain`) and calls body(begin, end).
   template <class F>
   void parallel_for(int64_t n, int64_t grain, F&& body) {
