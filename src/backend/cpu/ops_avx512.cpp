@@ -862,27 +862,20 @@ void rope_apply_avx512(float* x, const float* cos_sin, int64_t n_tokens, int n_h
 }  // namespace
 
 const OpsKernels& ops_kernels_avx512() {
+  // clang-format off
   static const OpsKernels kernels = {
-      rmsnorm_avx512,
-      swiglu_avx512,
-      row_max_avx512,
-      exp_shifted_sum_avx512,
-      scale_avx512,
-      attn_pack_q_avx512,
-      attn_scores_avx512,
-      attn_chunk_softmax_avx512,
-      attn_accumulate_avx512,
-      attn_merge_weights_avx512,
-      attn_merge_rows_avx512,
-      attn_accumulate_merge_avx512,
-      f32_to_f16_avx512,
-      f16_to_f32_rows_avx512,
-      attn_scores_k16_avx512,
-      k16_tiles_to_rows_avx512,
-      attn_accumulate_f16_avx512,
-      attn_accumulate_merge_f16_avx512,
+      rmsnorm_avx512,             swiglu_avx512,
+      row_max_avx512,             exp_shifted_sum_avx512,
+      scale_avx512,               attn_pack_q_avx512,
+      attn_scores_avx512,         attn_chunk_softmax_avx512,
+      attn_accumulate_avx512,     attn_merge_weights_avx512,
+      attn_merge_rows_avx512,     attn_accumulate_merge_avx512,
+      f32_to_f16_avx512,          f16_to_f32_rows_avx512,
+      attn_scores_k16_avx512,     k16_tiles_to_rows_avx512,
+      attn_accumulate_f16_avx512, attn_accumulate_merge_f16_avx512,
       rope_apply_avx512,
   };
+  // clang-format on
   return kernels;
 }
 
