@@ -19,8 +19,10 @@ KvCache::KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, K
   SPECDEC_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && capacity > 0, "bad KV shape");
   const auto layers = static_cast<size_t>(n_layers);
   // Zeroed: the tail of a partly filled tile is read (and discarded) by the attention kernels.
-  k_.resize(layers * static_cast<size_t>(k_slots_) * row_bytes());
-  v_.resize(layers * static_cast<size_t>(capacity) * row_bytes());
+  // Huge pages where the system allows (util/huge_pages.h): decode and verification read every
+  // layer's K/V rows once per step, as they read the weights.
+  k_ = HugeBuffer(layers * static_cast<size_t>(k_slots_) * row_bytes());
+  v_ = HugeBuffer(layers * static_cast<size_t>(capacity) * row_bytes());
 }
 
 void KvCache::write(int layer, int64_t slot, int64_t n, const float* k, const float* v) {

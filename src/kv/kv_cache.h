@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kv/kv_type.h"
+#include "util/huge_pages.h"
 
 namespace specdec {
 
@@ -77,8 +78,8 @@ class KvCache {
   int64_t k_slots_;  // slots K has room for per layer: capacity, or whole tiles (f16)
   KvType type_;
   int64_t size_ = 0;
-  std::vector<uint8_t> k_;        // [n_layers, k_slots, n_kv_heads, head_dim] of type_ (f16: tiles)
-  std::vector<uint8_t> v_;        // [n_layers, capacity, n_kv_heads, head_dim] of type_
+  HugeBuffer k_;  // [n_layers, k_slots, n_kv_heads, head_dim] of type_ (f16: tiles), zeroed
+  HugeBuffer v_;  // [n_layers, capacity, n_kv_heads, head_dim] of type_, zeroed
   std::vector<uint16_t> halves_;  // [n, n_kv_heads, head_dim] K rows of write (f16)
 };
 

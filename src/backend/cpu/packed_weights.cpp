@@ -11,6 +11,7 @@
 #include "backend/cpu/quant_blocks.h"
 #include "backend/cpu/thread_pool.h"
 #include "util/check.h"
+#include "util/huge_pages.h"
 
 namespace specdec {
 namespace {
@@ -59,7 +60,8 @@ void PackedWeights::FreeDeleter::operator()(uint8_t* p) const {
   std::free(p);
 }
 
-PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPool* pool) {
+PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPool* pool,
+                                  HugeArena* arena) {
   SPECDEC_CHECK(!parts.empty(), "PackedWeights::pack: no matrices");
   const WeightMatrix& first = parts.front();
   if (!packable(first.type)) {
@@ -83,10 +85,16 @@ PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPoo
   }
   const int64_t block_bytes = packed_block_bytes(first.type, first.cols);
   const auto bytes = static_cast<size_t>(blocks * block_bytes);  // [blocks, block_bytes]
-  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
-  if (mem == nullptr) throw std::bad_alloc();
-  out.storage_.reset(mem);
-  std::memset(mem, 0, bytes);
+  uint8_t* mem = nullptr;
+  if (arena != nullptr) {
+    mem = arena->allocate(bytes);  // zero-filled
+  } else {
+    mem = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (mem == nullptr) throw std::bad_alloc();
+    out.storage_.reset(mem);
+    std::memset(mem, 0, bytes);
+  }
+  out.base_ = mem;
 
   auto body = [&](int64_t b0, int64_t b1) {
     for (const Part& part : out.parts_) {
@@ -120,7 +128,7 @@ PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPoo
 WeightMatrix PackedWeights::part(size_t k) const {
   SPECDEC_CHECK(k < parts_.size(), "PackedWeights::part: index out of range");
   WeightMatrix w = parts_[k].original;
-  w.packed = storage_.get() + parts_[k].first_block * stacked_.packed_block_bytes;
+  w.packed = base_ + parts_[k].first_block * stacked_.packed_block_bytes;
   w.packed_block_bytes = stacked_.packed_block_bytes;
   return w;
 }

@@ -28,6 +28,7 @@
 
 namespace specdec {
 
+class HugeArena;
 class ThreadPool;
 
 inline constexpr int64_t kPackRows = 16;  // weight rows per packed block
@@ -66,7 +67,10 @@ class PackedWeights {
 
   // Packs `parts` stacked: all of one packable type and one width; every part but the last must
   // have a multiple of 16 rows (so each part starts a block). Throws specdec::Error otherwise.
-  static PackedWeights pack(std::span<const WeightMatrix> parts, ThreadPool* pool);
+  // The copy lives in `arena` when one is given (which must outlive it; a model packs all its
+  // matrices into one, in huge pages), else in memory of its own.
+  static PackedWeights pack(std::span<const WeightMatrix> parts, ThreadPool* pool,
+                            HugeArena* arena = nullptr);
 
   // The stacked matrix: packed only (data == nullptr) when there are several parts, else the
   // single part with its original data as well.
@@ -78,7 +82,8 @@ class PackedWeights {
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
-  std::unique_ptr<uint8_t, FreeDeleter> storage_;  // [blocks, packed_block_bytes], 64-aligned
+  std::unique_ptr<uint8_t, FreeDeleter> storage_;  // owned memory (none when in an arena)
+  uint8_t* base_ = nullptr;  // [blocks, packed_block_bytes], 64-aligned: storage_ or the arena's
   WeightMatrix stacked_;
   struct Part {
     WeightMatrix original;

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/thread_pool.h"
 #include "util/check.h"
+#include "util/huge_pages.h"
 
 namespace specdec {
 namespace {
@@ -127,8 +128,10 @@ double measure_peak_int8_gops(Isa isa, ThreadPool* pool) {
 double measure_read_bandwidth_gbs(ThreadPool* pool) {
   constexpr size_t kBytes = size_t{512} << 20;
   const int threads = pool ? pool->size() : 1;
-  void* buffer = std::aligned_alloc(4096, kBytes);
+  // In huge pages where the system allows, like the weights the decode step streams.
+  void* buffer = std::aligned_alloc(kHugePageBytes, kBytes);
   if (buffer == nullptr) throw std::bad_alloc();
+  advise_huge_pages(buffer, kBytes);
   auto* bytes = static_cast<unsigned char*>(buffer);
   const size_t share = kBytes / static_cast<size_t>(threads) / 4096 * 4096;
   // Touch every page once (each thread its own share, so pages land near the reader).

@@ -26,6 +26,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "util/check.h"
+#include "util/huge_pages.h"
 
 namespace specdec {
 namespace {
@@ -70,6 +71,7 @@ class LlamaModel final : public Model {
   const float* output_norm_ = nullptr;  // [dim]
   WeightMatrix output_;                 // [n_vocab, dim] (tok_embd_ when tied)
   std::vector<LayerWeights> layers_;
+  HugeArena arena_;                    // memory of every packed matrix (outlives packed_)
   std::vector<PackedWeights> packed_;  // owners of every `packed` pointer above
   int64_t weight_bytes_ = 0;
   int64_t flops_per_token_ = 0;
@@ -175,7 +177,7 @@ void LlamaModel::pack_weights() {
   auto pack = [&](std::initializer_list<WeightMatrix*> parts) -> WeightMatrix {
     std::vector<WeightMatrix> list;
     for (WeightMatrix* m : parts) list.push_back(*m);
-    packed_.push_back(PackedWeights::pack(list, &pool));
+    packed_.push_back(PackedWeights::pack(list, &pool, &arena_));
     const PackedWeights& pw = packed_.back();
     size_t k = 0;
     for (WeightMatrix* m : parts) *m = pw.part(k++);
