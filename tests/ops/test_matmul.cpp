@@ -26,6 +26,7 @@
 #include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/thread_pool.h"
 #include "util/check.h"
+#include "util/huge_pages.h"
 
 namespace specdec {
 namespace {
@@ -791,46 +792,50 @@ TEST(PackedWeights, LayoutHoldsEverySubBlockValue) {
   }
 }
 
-// Stacked matrices (Q/K/V packed as one) give each part's outputs in its columns, bit for bit.
+// Stacked matrices (Q/K/V packed as one) give each part's outputs in its columns, bit for bit,
+// in memory of their own or in a HugeArena shared by several packed matrices (as a model does).
 TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
   if (!isa_supported(Isa::kAvx512)) {
     GTEST_SKIP() << "packed kernels need AVX-512";
   }
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
-    SCOPED_TRACE(type_name(type));
-    const Weights a = make_weights(type, 48, 192, 1, true);
-    const Weights b = make_weights(type, 16, 192, 2, true);
-    const Weights c = make_weights(type, 21, 192, 3, true);
-    const WeightMatrix parts[] = {a.matrix(), b.matrix(), c.matrix()};
-    const PackedWeights packed = PackedWeights::pack(parts, &pool);
-    EXPECT_EQ(packed.stacked().rows, 85);
-    EXPECT_EQ(packed.stacked().data, nullptr);
-    for (int64_t n : {1, 3, 8, 13}) {
-      const std::vector<float> x = make_activations(n, 192, 7);
-      std::vector<float> y(static_cast<size_t>(n * 85));
-      matmul_isa(Isa::kAvx512, packed.stacked(), x.data(), n, y.data(), &pool);
-      int64_t col0 = 0;
-      for (size_t k = 0; k < 3; ++k) {
-        const Weights& part = k == 0 ? a : k == 1 ? b : c;
-        const std::vector<float> want = run(Isa::kScalar, part, x, n, nullptr);
-        std::vector<float> got_part(static_cast<size_t>(n * part.rows));
-        matmul_isa(Isa::kAvx512, packed.part(k), x.data(), n, got_part.data(), &pool);
-        EXPECT_EQ(first_bit_difference(want, got_part), -1) << "part " << k << " n=" << n;
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t r = 0; r < part.rows; ++r) {
-            ASSERT_EQ(y[i * 85 + col0 + r], want[i * part.rows + r])
-                << "part " << k << " n=" << n << " row " << i << " col " << r;
+  HugeArena shared_arena(size_t{64} << 10);  // small chunks: the pieces span several
+  for (HugeArena* arena : {static_cast<HugeArena*>(nullptr), &shared_arena}) {
+    for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+      SCOPED_TRACE(std::string(type_name(type)) + (arena ? " in an arena" : ""));
+      const Weights a = make_weights(type, 48, 192, 1, true);
+      const Weights b = make_weights(type, 16, 192, 2, true);
+      const Weights c = make_weights(type, 21, 192, 3, true);
+      const WeightMatrix parts[] = {a.matrix(), b.matrix(), c.matrix()};
+      const PackedWeights packed = PackedWeights::pack(parts, &pool, arena);
+      EXPECT_EQ(packed.stacked().rows, 85);
+      EXPECT_EQ(packed.stacked().data, nullptr);
+      for (int64_t n : {1, 3, 8, 13}) {
+        const std::vector<float> x = make_activations(n, 192, 7);
+        std::vector<float> y(static_cast<size_t>(n * 85));
+        matmul_isa(Isa::kAvx512, packed.stacked(), x.data(), n, y.data(), &pool);
+        int64_t col0 = 0;
+        for (size_t k = 0; k < 3; ++k) {
+          const Weights& part = k == 0 ? a : k == 1 ? b : c;
+          const std::vector<float> want = run(Isa::kScalar, part, x, n, nullptr);
+          std::vector<float> got_part(static_cast<size_t>(n * part.rows));
+          matmul_isa(Isa::kAvx512, packed.part(k), x.data(), n, got_part.data(), &pool);
+          EXPECT_EQ(first_bit_difference(want, got_part), -1) << "part " << k << " n=" << n;
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t r = 0; r < part.rows; ++r) {
+              ASSERT_EQ(y[i * 85 + col0 + r], want[i * part.rows + r])
+                  << "part " << k << " n=" << n << " row " << i << " col " << r;
+            }
           }
+          col0 += part.rows;
         }
-        col0 += part.rows;
       }
+      // A packed-only matrix cannot run on the other variants: a clear error, not a crash.
+      const std::vector<float> x = make_activations(1, 192, 7);
+      std::vector<float> y(85);
+      EXPECT_THROW(matmul_isa(Isa::kScalar, packed.stacked(), x.data(), 1, y.data(), nullptr),
+                   Error);
     }
-    // A packed-only matrix cannot run on the other variants: a clear error, not a crash.
-    const std::vector<float> x = make_activations(1, 192, 7);
-    std::vector<float> y(85);
-    EXPECT_THROW(matmul_isa(Isa::kScalar, packed.stacked(), x.data(), 1, y.data(), nullptr),
-                 Error);
   }
   // Bad stacks: a type without a packed layout; a middle part that does not fill its blocks.
   const Weights k4 = make_weights(GgmlType::kQ4_K, 16, 256, 1, false);
