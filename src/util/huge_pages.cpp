@@ -11,31 +11,36 @@
 #endif
 
 namespace specdec {
+namespace {
 
+// Advice only: where THP is off madvise fails or does nothing, and the memory stays usable.
 void advise_huge_pages(void* p, size_t bytes) {
 #if defined(MADV_HUGEPAGE)
-  (void)madvise(p, bytes, MADV_HUGEPAGE);  // fails harmlessly where THP is off
+  (void)madvise(p, bytes, MADV_HUGEPAGE);
 #else
   (void)p;
   (void)bytes;
 #endif
 }
 
-HugeBuffer::HugeBuffer(size_t bytes) : size_(bytes) {
+}  // namespace
+
+HugeBuffer::HugeBuffer(size_t bytes, Init init) : size_(bytes) {
   if (bytes == 0) return;
   const size_t align = bytes >= kHugePageBytes ? kHugePageBytes : 64;
   const size_t rounded = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple
   data_ = static_cast<uint8_t*>(std::aligned_alloc(align, rounded));
   if (data_ == nullptr) throw std::bad_alloc();
   if (align == kHugePageBytes) advise_huge_pages(data_, rounded);
-  std::memset(data_, 0, bytes);  // after the advice, so the first touch takes huge pages
+  // After the advice, so that the first touch takes huge pages.
+  if (init == Init::kZero) std::memset(data_, 0, bytes);
 }
 
 HugeBuffer::~HugeBuffer() {
   std::free(data_);
 }
 
-HugeBuffer::HugeBuffer(const HugeBuffer& other) : HugeBuffer(other.size_) {
+HugeBuffer::HugeBuffer(const HugeBuffer& other) : HugeBuffer(other.size_, Init::kNone) {
   if (size_ != 0) std::memcpy(data_, other.data_, size_);
 }
 

@@ -14,16 +14,16 @@ namespace specdec {
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
-// Advises [p, p + bytes) (p 2 MiB-aligned) for huge pages; a no-op where unsupported. Advice
-// only: the memory stays usable whatever the system makes of it.
-void advise_huge_pages(void* p, size_t bytes);
-
-// A zero-filled byte buffer of a fixed size, in huge-page-advised memory when it is at least one
-// huge page long (smaller ones are 64-byte aligned heap memory). Copies are deep.
+// A byte buffer of a fixed size, in huge-page-advised memory when it is at least one huge page
+// long (smaller ones are 64-byte aligned heap memory). Copies are deep.
 class HugeBuffer {
  public:
+  // kZero: zero-filled. kNone: contents unset, for a caller that writes every byte first (the
+  // bandwidth probe has each thread touch the share it will read).
+  enum class Init { kZero, kNone };
+
   HugeBuffer() = default;
-  explicit HugeBuffer(size_t bytes);
+  explicit HugeBuffer(size_t bytes, Init init = Init::kZero);
   ~HugeBuffer();
   HugeBuffer(const HugeBuffer& other);
   HugeBuffer& operator=(const HugeBuffer& other);

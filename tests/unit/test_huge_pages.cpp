@@ -30,6 +30,12 @@ TEST(HugeBuffer, ZeroedAndAligned) {
     EXPECT_TRUE(all_zero(b.data(), bytes)) << bytes;
     b.data()[bytes - 1] = 1;  // the whole size is writable
   }
+  // Unset contents: the same size and alignment, every byte writable.
+  HugeBuffer unset(kHugePageBytes + 3, HugeBuffer::Init::kNone);
+  EXPECT_EQ(unset.size(), kHugePageBytes + 3);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(unset.data()) % kHugePageBytes, 0u);
+  std::memset(unset.data(), 5, unset.size());
+  EXPECT_EQ(unset.data()[kHugePageBytes + 2], 5);
   HugeBuffer empty;
   EXPECT_EQ(empty.size(), 0u);
   EXPECT_EQ(HugeBuffer(0).data(), nullptr);

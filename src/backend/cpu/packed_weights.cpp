@@ -89,7 +89,7 @@ PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPoo
   if (arena != nullptr) {
     mem = arena->allocate(bytes);  // zero-filled
   } else {
-    mem = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    mem = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
     if (mem == nullptr) throw std::bad_alloc();
     out.storage_.reset(mem);
     std::memset(mem, 0, bytes);

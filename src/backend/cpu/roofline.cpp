@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
@@ -129,10 +127,8 @@ double measure_read_bandwidth_gbs(ThreadPool* pool) {
   constexpr size_t kBytes = size_t{512} << 20;
   const int threads = pool ? pool->size() : 1;
   // In huge pages where the system allows, like the weights the decode step streams.
-  void* buffer = std::aligned_alloc(kHugePageBytes, kBytes);
-  if (buffer == nullptr) throw std::bad_alloc();
-  advise_huge_pages(buffer, kBytes);
-  auto* bytes = static_cast<unsigned char*>(buffer);
+  HugeBuffer buffer(kBytes, HugeBuffer::Init::kNone);
+  unsigned char* bytes = buffer.data();
   const size_t share = kBytes / static_cast<size_t>(threads) / 4096 * 4096;
   // Touch every page once (each thread its own share, so pages land near the reader).
   auto touch = [&](int ti, int) { std::memset(bytes + share * static_cast<size_t>(ti), 1, share); };
@@ -175,7 +171,6 @@ double measure_read_bandwidth_gbs(ThreadPool* pool) {
     for (double s : sums) g_sink = g_sink + s;
     best = std::max(best, static_cast<double>(share) * threads / dt * 1e-9);
   }
-  std::free(buffer);
   return best;
 }
 
