@@ -838,7 +838,14 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
                         {make_shape(40, 1, 6, 2, 7), 0},
                         {make_shape(33, 1, 4, 2, 20), 0},
                         {make_shape(70, 1, 2, 2, 13), 0},
-                        {make_shape(95, 1, 9, 3, 64), 0}};
+                        {make_shape(95, 1, 9, 3, 64), 0},
+                        // 4 or more rows (the phased kernel): 4-6 rows over whole chunks of 4
+                        // tiles, several passes of up to 12 rows, head_dim tails:
+                        {make_shape(33, 1, 8, 2, 16), 0},
+                        {make_shape(70, 2, 6, 2, 7), 0},
+                        {make_shape(140, 2, 9, 3, 64), 1},
+                        {make_shape(45, 5, 8, 2, 13), 2},
+                        {make_shape(90, 9, 9, 3, 22), 0}};
   for (const Case& c : cases) {
     const AttentionShape& s = c.s;
     const int64_t n_kv = s.n_past + s.n_new;

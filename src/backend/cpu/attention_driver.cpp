@@ -70,11 +70,6 @@ constexpr int64_t kChunk = kAttnChunk;
 // Query vectors of one KV head per block: large enough that each K/V tile is reused by many
 // rows (16 tokens of a 3-head group), small enough that a block's scratch stays in L1/L2.
 constexpr int64_t kBlockRowsPerHead = 48;
-// Query rows of a KV head below which the scores of an f16 cache read the K tiles directly
-// (attn_scores_k16: decode with up to 3 query heads per KV head); from it on, the tiles are
-// converted to float rows and attn_scores' 4-row lanes serve the rows (bench_attention:
-// reconverting the tiles per 3-row pass makes 8-token verification ~1.7x slower).
-constexpr int kTiledScoreRows = 4;
 // Blocks per thread from which each block is one thread's task; below it the threads share each
 // block.
 constexpr int64_t kTasksPerThread = 4;
@@ -435,8 +430,7 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
     const int64_t n = std::clamp<int64_t>(c.plan.n_visible[blk.token_begin + t] - c0, 0, kChunk);
     std::fill_n(n_valid + t * c.group, c.group, static_cast<int32_t>(n));
   }
-  if (tile_cols > 0 && k_tiled(c.kv_type) && rows < kTiledScoreRows &&
-      c.kern.attn_scores_k16 != nullptr) {
+  if (tile_cols > 0 && k_tiled(c.kv_type) && c.kern.attn_scores_k16 != nullptr) {
     const int64_t n_kv = c.s.n_kv_heads, hd = c.s.head_dim;
     // c0 (a multiple of kChunk) is a tile's first slot.
     c.kern.attn_scores_k16(

@@ -227,8 +227,8 @@ struct OpsKernels {
   void (*attn_scores_k16)(const float* packed_q, int n_q, const uint16_t* kt, int64_t tile_stride,
                           int64_t n_slots, int head_dim, float* s, int64_t ld_s, AttnPrefetch next);
   // dst[j * head_dim + d] = float(K of slot j, dim d) for j < n_slots of one KV head's tiles
-  // (kt, tile_stride as for attn_scores_k16): float rows for attn_scores where a KV head has
-  // many query rows. nullptr: the driver gathers them itself.
+  // (kt, tile_stride as for attn_scores_k16): float rows for attn_scores (run pieces of tree
+  // masks that start at a tile's first slot). nullptr: the driver gathers them itself.
   void (*k16_tiles_to_rows)(const uint16_t* kt, int64_t tile_stride, int64_t n_slots, int head_dim,
                             float* dst);
   // attn_accumulate and attn_accumulate_merge over the V rows of an f16 cache (v_stride in

@@ -6,8 +6,11 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -479,13 +482,146 @@ void scores_k16_rows(const float* packed, int n_q, int steps, const uint16_t* kt
   }
 }
 
+// Many query rows per KV head (verification and prefill: 3 per token): rows r0 .. r0 + R - 1
+// against V tiles (R x V <= 24), one phase at a time. Phase p's accumulator of (row, tile) takes
+// fma(q[r][d], k[slot][d], acc) for d = 4m + p in order m = 0, 1, .. - the FMA chain of lane
+// (r, p) in scores_block - and the phases combine as (acc_0 + acc_1) + (acc_2 + acc_3), as
+// reduce4 does: bitwise attn_scores' scores. Only R x V accumulators are live (the finished
+// phases wait in `part`), so up to 12 rows share every converted K vector and each q broadcast
+// feeds V FMAs; no float K rows are formed (the 16 x 16 transposes of k16_tiles_to_rows were
+// ~12% of an 8-token attention's samples). A 3-row pass keeps all four phases in registers
+// instead (scores_k16_block: 4-8% faster for decode than this kernel).
+// pf (may be null) steps once per 4 dims of phase 0.
+template <int R, int V>
+void scores_k16_phased(const float* packed, int r0, int steps, const uint16_t* kt,
+                       int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
+                       AttnPrefetchCursor* pf) {
+  // r0 is a multiple of 4: row r's step m, phase p at grp[r / 4][16 m + (r % 4) * 4 + p].
+  constexpr int kGroups = (R + 3) / 4;
+  const float* grp[kGroups];
+#pragma GCC unroll 3
+  for (int g = 0; g < kGroups; ++g) grp[g] = packed + static_cast<int64_t>(r0 / 4 + g) * steps * 16;
+  alignas(64) float part[2][R][V][kLanes];  // acc_0 + acc_1, then acc_2
+  const int full = head_dim / 4;
+  const int rem = head_dim - 4 * full;
+  for (int p = 0; p < 4; ++p) {
+    __m512 acc[R][V];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+    }
+    const int n_m = full + (p < rem ? 1 : 0);
+    for (int m = 0; m < n_m; ++m) {
+      if (p == 0 && pf != nullptr) pf->step();
+      const int d = 4 * m + p;
+      __m512 kv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        const uint16_t* src = kt + v * tile_stride + d * kKTileSlots;  // [16]
+        kv[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+      }
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        const __m512 q = _mm512_set1_ps(grp[r / 4][16 * m + (r % 4) * 4 + p]);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(q, kv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        float* p01 = part[0][r][v];
+        float* p2 = part[1][r][v];
+        if (p == 0) {
+          _mm512_store_ps(p01, acc[r][v]);
+        } else if (p == 1) {
+          _mm512_store_ps(p01, _mm512_add_ps(_mm512_load_ps(p01), acc[r][v]));
+        } else if (p == 2) {
+          _mm512_store_ps(p2, acc[r][v]);
+        } else {
+          const int64_t left = slots - 16 * v;
+          if (left <= 0) continue;
+          const __m512 score =
+              _mm512_add_ps(_mm512_load_ps(p01), _mm512_add_ps(_mm512_load_ps(p2), acc[r][v]));
+          _mm512_mask_storeu_ps(s + r * ld_s + 16 * v, tail_mask(left < kLanes ? left : kLanes),
+                                score);
+        }
+      }
+    }
+  }
+}
+
+// The phased kernel for R = rows (1..P) rows, R a run-time value.
+template <int V, int P, int... R>
+constexpr auto phased_by_rows(std::integer_sequence<int, R...>) {
+  using Fn = void (*)(const float*, int, int, const uint16_t*, int64_t, int, float*, int64_t,
+                      int64_t, AttnPrefetchCursor*);
+  return std::array<Fn, sizeof...(R)>{scores_k16_phased<R + 1, V>...};
+}
+
+// Rows per pass of the phased kernel by tiles per pass: each q broadcast feeds V FMAs and each
+// converted K vector P of them (R x V <= 24 accumulators). 4 tiles (a whole chunk) for up to 6
+// rows (two tokens of a 3-head group), else 2 tiles for up to 12 rows.
+template <int V>
+inline constexpr int kPhasedRows = V == 4 ? 6 : 12;
+
+// All n_q rows (4 or more; at most kPhasedRows<V> for V = 4) against the V tiles from kt, by
+// passes of at most kPhasedRows<V> rows, each starting at a row group of the packed q (a multiple
+// of 4 rows); the first pass steps pf.
+template <int V>
+void scores_k16_many(const float* packed, int n_q, int steps, const uint16_t* kt,
+                     int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
+                     AttnPrefetchCursor& pf) {
+  constexpr int P = kPhasedRows<V>;
+  static constexpr auto kByRows = phased_by_rows<V, P>(std::make_integer_sequence<int, P>{});
+  const int groups = (n_q + 3) / 4;
+  const int passes = (n_q + P - 1) / P;
+  AttnPrefetchCursor* step = &pf;
+  for (int k = 0, r = 0; k < passes; ++k, step = nullptr) {
+    const int r_end = std::min(n_q, 4 * (groups * (k + 1) / passes));
+    kByRows[r_end - r - 1](packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s, slots,
+                           step);
+    r = r_end;
+  }
+}
+
+// Tiles [t, tiles) by groups of V while whole groups last (t advances past them).
+template <int V>
+void scores_k16_tile_groups(const float* packed, int n_q, int steps, const uint16_t* kt,
+                            int64_t tile_stride, int head_dim, float* s, int64_t ld_s,
+                            int64_t n_slots, int64_t tiles, int64_t& t, AttnPrefetchCursor& pf) {
+  for (; t + V <= tiles; t += V) {
+    scores_k16_many<V>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
+                       s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+  }
+}
+
 void attn_scores_k16_avx512(const float* packed, int n_q, const uint16_t* kt, int64_t tile_stride,
                             int64_t n_slots, int head_dim, float* s, int64_t ld_s,
                             AttnPrefetch next) {
   const int steps = (head_dim + 3) / 4;
   const int64_t tiles = (n_slots + kKTileSlots - 1) / kKTileSlots;
-  AttnPrefetchCursor pf(next, (tiles + 1) / 2 * (head_dim / 4));
   int64_t t = 0;
+  if (n_q > 3) {
+    // Many rows (verification, prefill): the phased kernel; pf steps once per 4 dims of phase 0
+    // of each tile group's first pass.
+    const int64_t wide = n_q <= kPhasedRows<4> ? tiles / 4 : 0;  // groups of 4 tiles
+    const int64_t groups = wide + (tiles - 4 * wide + 1) / 2;
+    AttnPrefetchCursor pf(next, groups * ((head_dim + 3) / 4));
+    if (wide > 0) {
+      scores_k16_tile_groups<4>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
+                                tiles, t, pf);
+    }
+    scores_k16_tile_groups<2>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
+                              tiles, t, pf);
+    scores_k16_tile_groups<1>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
+                              tiles, t, pf);
+    pf.rest();
+    return;
+  }
+  AttnPrefetchCursor pf(next, (tiles + 1) / 2 * (head_dim / 4));
   for (; t + 2 <= tiles; t += 2) {
     scores_k16_rows<2>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
                        s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
