@@ -401,6 +401,12 @@ void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_
 // Every query row uses each converted K vector, no lane is idle when a KV head has fewer than 4
 // query rows (decode: 3), and no horizontal sums run.
 
+// Dim d of the 16 slots of the K tile at `tile` ([head_dim, 16] halves), as floats.
+inline __m512 k16_dim(const uint16_t* tile, int d) {
+  return _mm512_cvtph_ps(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + d * kKTileSlots)));
+}
+
 // Rows r0 .. r0 + R - 1 (R <= 3) of the packed q against V (1..2) tiles of K, scores into s
 // (row r at s + r * ld_s, slot 16 v + lane at column 16 v + lane); `slots`: the valid columns
 // (the rest of the tiles is computed and not stored). Tile v at kt + v * tile_stride; dim d of a
@@ -427,10 +433,7 @@ void scores_k16_block(const float* packed, int r0, int steps, const uint16_t* kt
     const int d = 4 * m + p;
     __m512 kv[V];
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) {
-      const uint16_t* src = kt + v * tile_stride + d * kKTileSlots;  // [16]
-      kv[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-    }
+    for (int v = 0; v < V; ++v) kv[v] = k16_dim(kt + v * tile_stride, d);
 #pragma GCC unroll 3
     for (int r = 0; r < R; ++r) {
       const __m512 q = _mm512_set1_ps(qr[r][16 * m + p]);
@@ -517,10 +520,7 @@ void scores_k16_phased(const float* packed, int r0, int steps, const uint16_t* k
       const int d = 4 * m + p;
       __m512 kv[V];
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) {
-        const uint16_t* src = kt + v * tile_stride + d * kKTileSlots;  // [16]
-        kv[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-      }
+      for (int v = 0; v < V; ++v) kv[v] = k16_dim(kt + v * tile_stride, d);
 #pragma GCC unroll 12
       for (int r = 0; r < R; ++r) {
         const __m512 q = _mm512_set1_ps(grp[r / 4][16 * m + (r % 4) * 4 + p]);
@@ -587,14 +587,21 @@ void scores_k16_many(const float* packed, int n_q, int steps, const uint16_t* kt
   }
 }
 
-// Tiles [t, tiles) by groups of V while whole groups last (t advances past them).
-template <int V>
+// Tiles [t, tiles) by groups of V while whole groups last (t advances past them), with the
+// phased kernel (4+ rows) or the 3-row one.
+template <int V, bool kPhased>
 void scores_k16_tile_groups(const float* packed, int n_q, int steps, const uint16_t* kt,
                             int64_t tile_stride, int head_dim, float* s, int64_t ld_s,
                             int64_t n_slots, int64_t tiles, int64_t& t, AttnPrefetchCursor& pf) {
   for (; t + V <= tiles; t += V) {
-    scores_k16_many<V>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
-                       s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+    const uint16_t* first = kt + t * tile_stride;  // the group's first tile
+    float* st = s + t * kKTileSlots;
+    const int64_t slots = n_slots - t * kKTileSlots;
+    if constexpr (kPhased) {
+      scores_k16_many<V>(packed, n_q, steps, first, tile_stride, head_dim, st, ld_s, slots, pf);
+    } else {
+      scores_k16_rows<V>(packed, n_q, steps, first, tile_stride, head_dim, st, ld_s, slots, pf);
+    }
   }
 }
 
@@ -611,25 +618,22 @@ void attn_scores_k16_avx512(const float* packed, int n_q, const uint16_t* kt, in
     const int64_t groups = wide + (tiles - 4 * wide + 1) / 2;
     AttnPrefetchCursor pf(next, groups * ((head_dim + 3) / 4));
     if (wide > 0) {
-      scores_k16_tile_groups<4>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
-                                tiles, t, pf);
+      scores_k16_tile_groups<4, true>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s,
+                                      n_slots, tiles, t, pf);
     }
-    scores_k16_tile_groups<2>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
-                              tiles, t, pf);
-    scores_k16_tile_groups<1>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
-                              tiles, t, pf);
+    scores_k16_tile_groups<2, true>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
+                                    tiles, t, pf);
+    scores_k16_tile_groups<1, true>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
+                                    tiles, t, pf);
     pf.rest();
     return;
   }
+  // Decode (1-3 rows): pf steps once per 4 full dims of each pair of tiles.
   AttnPrefetchCursor pf(next, (tiles + 1) / 2 * (head_dim / 4));
-  for (; t + 2 <= tiles; t += 2) {
-    scores_k16_rows<2>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
-                       s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
-  }
-  if (t < tiles) {
-    scores_k16_rows<1>(packed, n_q, steps, kt + t * tile_stride, tile_stride, head_dim,
-                       s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
-  }
+  scores_k16_tile_groups<2, false>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
+                                   tiles, t, pf);
+  scores_k16_tile_groups<1, false>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
+                                   tiles, t, pf);
   pf.rest();
 }
 
@@ -931,9 +935,7 @@ void k16_tiles_to_rows_avx512(const uint16_t* kt, int64_t tile_stride, int64_t n
       const int dims = head_dim - d0 < kLanes ? head_dim - d0 : kLanes;
       __m512 x[16];
       for (int i = 0; i < 16; ++i) {
-        x[i] = i < dims ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                              reinterpret_cast<const __m256i*>(tile + (d0 + i) * kKTileSlots)))
-                        : _mm512_setzero_ps();
+        x[i] = i < dims ? k16_dim(tile, d0 + i) : _mm512_setzero_ps();
       }
       detail::avx512::transpose16(x);  // x[j]: slot j, dims d0 ..
       const __mmask16 keep = tail_mask(dims);
