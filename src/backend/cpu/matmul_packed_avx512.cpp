@@ -228,7 +228,11 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
   const int8_t* xt = a.qt + tile * nsub * 256;
   const float* dt = a.dt + tile * nsub * kMaxTile;
   const float* et = a.et + tile * nsub * kMaxTile;
+  // The two loops over R outside the steps are unrolled too: left rolled (R >= 6), GCC kept
+  // copies of even / odd on the stack and zeroed them with two `rep stos` per block (8-token
+  // pass 0.95-0.98x of the time without them, paired A/B).
   __m512 even[R], odd[R];
+#pragma GCC unroll 8
   for (int i = 0; i < R; ++i) even[i] = odd[i] = _mm512_setzero_ps();
   const int64_t pf_lines = (block_bytes / 64 + nsub - 1) / nsub;
   int64_t pf_at = 0;
@@ -253,6 +257,7 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
   }
   if (b < nsub) step(b, even);
   const auto mask = static_cast<__mmask16>((1u << valid) - 1);
+#pragma GCC unroll 8
   for (int i = 0; i < R; ++i) {
     _mm512_mask_storeu_ps(y + (i0 + i) * ldy + col0, mask, _mm512_add_ps(even[i], odd[i]));
   }

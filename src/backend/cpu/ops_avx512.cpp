@@ -772,10 +772,14 @@ inline __m512 load_v(__mmask16 m, const uint16_t* v) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v));
 }
 
+// The cursor is stepped through a local copy, which stays in registers across the loop (stepped
+// through the reference, its position went to memory every V row: attention op 1.5-2% slower at
+// 8 new tokens, 512 cached, paired A/B).
 template <int R, bool kMerge, class V>
 void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, const __mmask16 m[4], const float* wo, const float* wn,
-                     float* out, AttnPrefetchCursor& pf) {
+                     float* out, AttnPrefetchCursor& cursor) {
+  AttnPrefetchCursor pf = cursor;
   __m512 acc[R][4];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
@@ -816,6 +820,7 @@ void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride,
       for (int c = 0; c < 4; ++c) _mm512_mask_storeu_ps(out_r + c * kLanes, m[c], acc[r][c]);
     }
   }
+  cursor = pf;
 }
 
 // Rows r0 .. r0 + R - 1 of the call: one pass per 64 dims.
