@@ -13,9 +13,9 @@
 // a share of the sub-blocks, then they meet at a flag inside the matmul's one job). The weights
 // stay in registers across the activation rows, so k rows cost k x (8 dot products + 4 float
 // ops) per 32 x 16 weights plus one unpack; with one row the kernel streams the weights at
-// memory speed (software prefetch: the next block into L1, the fourth next into L2). The
-// threads claim blocks one at a time (stealing_split.h): each walks its own stretch and then
-// helps whichever is behind.
+// memory speed (software prefetch: the next block into L1, the fourth next into L2 below 8
+// rows). The threads claim blocks one at a time (stealing_split.h): each walks its own stretch
+// and then helps whichever is behind.
 // Bit-identical to the scalar reference: the integer sums are exact and the float sequence per
 // output is the documented one.
 #include <algorithm>
