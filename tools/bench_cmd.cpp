@@ -39,6 +39,7 @@ struct BenchOptions {
   int threads = 0;
   int repetitions = 3;
   int prompt_repeats = 1;
+  bool interleave = false;
   std::string output_format = "text";
   SpecOptions spec;
   std::string prompts_file;
@@ -214,6 +215,7 @@ void run_bench(BenchOptions& o) {
     in.kv_type = kv_type_from_option(o.kv_type);
     in.quiet = quiet;
     in.repeats = o.prompt_repeats;
+    in.interleave = o.interleave;
     j.update(run_spec_bench(*model, &pool, spec, in));
   }
 
@@ -274,6 +276,10 @@ void add_bench_command(CLI::App& app) {
                   "medians")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  cmd->add_flag("--interleave", o->interleave,
+                "With --spec: run each plain/speculative pair step by step in turn (each mode "
+                "holds the machine from one emitted token to the next) instead of one after "
+                "the other");
   cmd->add_option("--prompt", o->prompt, "With --spec and no --prompts: the one prompt")->capture_default_str();
   cmd->add_flag("--chat", o->chat, "Apply the model's chat template to each prompt");
   cmd->add_option("--temp", o->sampling.temperature, "Temperature for --spec runs; 0 = greedy")->capture_default_str();

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <fstream>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -18,6 +22,58 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// One plain and one speculative generation of the same prompt, each with its own generator and
+// cache, run in turn: a run holds the machine (the pool and both cores) from one emitted token to
+// the next and then hands it to the other, so host slowdowns of more than a few milliseconds hit
+// both alike. Only the turn holder runs; the other's driver thread sleeps on the condition
+// variable. decode_seconds of each run is replaced by the time it held the turn after its
+// prefill. A run that finishes hands the machine over for good.
+void generate_interleaved(Generator* gens[2], const std::vector<int32_t>& prompt,
+                          const GenerationConfig* configs[2], std::vector<int32_t> out[2],
+                          GenerationStats stats[2]) {
+  using Clock = std::chrono::steady_clock;
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = 0;
+  bool done[2] = {false, false};
+  double held[2] = {0, 0};
+  Clock::time_point since[2];
+  auto wait_turn = [&](std::unique_lock<std::mutex>& lock, int side) {
+    cv.wait(lock, [&] { return turn == side; });
+    since[side] = Clock::now();
+  };
+  auto drive = [&](int side) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      wait_turn(lock, side);
+    }
+    auto hand_over = [&](int32_t) {
+      std::unique_lock<std::mutex> lock(mu);
+      held[side] += seconds_since(since[side]);
+      if (!done[1 - side]) {
+        turn = 1 - side;
+        cv.notify_all();
+        wait_turn(lock, side);
+      } else {
+        since[side] = Clock::now();
+      }
+      return true;
+    };
+    out[side] = gens[side]->generate(prompt, *configs[side], hand_over, &stats[side]);
+    std::unique_lock<std::mutex> lock(mu);
+    held[side] += seconds_since(since[side]);
+    done[side] = true;
+    turn = 1 - side;
+    cv.notify_all();
+  };
+  std::thread second(drive, 1);
+  drive(0);
+  second.join();
+  for (int side = 0; side < 2; ++side) {
+    stats[side].decode_seconds = held[side] - stats[side].prefill_seconds;
+  }
+}
+
 }  // namespace
 
 double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps,
@@ -26,7 +82,8 @@ double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, in
   context = std::min(context, c.n_ctx_train - 16);
   KvCache kv = model.make_kv_cache(context + 16, kv_type);
   std::vector<int32_t> tokens(context + 8);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
   prefill(model, kv, {tokens.data(), static_cast<size_t>(context)}, 512, pool);
   std::vector<int32_t> positions(8), rows(8);
   for (int i = 0; i < 8; ++i) {
@@ -77,6 +134,8 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
 nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
                               const SpecBenchInput& in) {
   Generator gen(model, pool, in.ctx_size, in.kv_type);
+  std::unique_ptr<Generator> gen_b;  // the speculative runs' own cache when interleaving
+  if (in.interleave) gen_b = std::make_unique<Generator>(model, pool, in.ctx_size, in.kv_type);
   GenerationConfig plain;
   plain.max_new_tokens = in.n_gen;
   plain.sampling = in.sampling;
@@ -96,8 +155,8 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   }
 
   double plain_s = 0, spec_s = 0;
-  int64_t plain_tokens = 0, spec_tokens = 0, passes = 0, spec_passes = 0, drafted = 0,
-          accepted = 0, plain_passes = 0;
+  int64_t plain_tokens = 0, spec_tokens = 0, passes = 0, spec_passes = 0, drafted = 0, accepted = 0,
+          plain_passes = 0;
   int identical = 0;
   nlohmann::json rows = nlohmann::json::array();
   double min_speedup = 1e30;
@@ -113,7 +172,23 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
     for (int r = 0; r < std::max(1, in.repeats); ++r) {
       GenerationStats ps_r, ss_r;
       std::vector<int32_t> a_r, b_r;
-      if (r % 2 == 0) {
+      if (in.interleave) {
+        // Which mode holds the first turn alternates from pair to pair.
+        const int first = r % 2;
+        Generator* gens[2] = {&gen, gen_b.get()};
+        const GenerationConfig* configs[2] = {&plain, &specd};
+        if (first == 1) {
+          std::swap(gens[0], gens[1]);
+          std::swap(configs[0], configs[1]);
+        }
+        std::vector<int32_t> outs[2];
+        GenerationStats st[2];
+        generate_interleaved(gens, in.prompts[i], configs, outs, st);
+        a_r = std::move(outs[first]);
+        ps_r = st[first];
+        b_r = std::move(outs[1 - first]);
+        ss_r = st[1 - first];
+      } else if (r % 2 == 0) {
         a_r = gen.generate(in.prompts[i], plain, nullptr, &ps_r);
         b_r = gen.generate(in.prompts[i], specd, nullptr, &ss_r);
       } else {
@@ -154,8 +229,9 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
                     {"tokens_per_pass", ss.tokens_per_pass()},
                     {"identical", a == b}});
     if (!in.quiet) {
-      fmt::print(stderr, "prompt {:2d}/{}: {:4d} tokens, plain {:6.1f} tok/s, spec {:6.1f} tok/s, "
-                         "speedup {:.2f}x, accepted {}/{}, {:.2f} tokens/pass{}\n",
+      fmt::print(stderr,
+                 "prompt {:2d}/{}: {:4d} tokens, plain {:6.1f} tok/s, spec {:6.1f} tok/s, "
+                 "speedup {:.2f}x, accepted {}/{}, {:.2f} tokens/pass{}\n",
                  i + 1, in.prompts.size(), ss.n_generated, ps.n_generated / ps.decode_seconds,
                  ss.n_generated / ss.decode_seconds, row_speedup, ss.n_accepted, ss.n_drafted,
                  ss.tokens_per_pass(), a == b ? "" : " (outputs differ)");
@@ -177,6 +253,7 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   j["identical_outputs"] = identical;
   j["min_prompt_speedup"] = min_speedup;
   j["repeats"] = std::max(1, in.repeats);
+  j["interleaved"] = in.interleave;
   j["per_prompt"] = rows;
   return j;
 }

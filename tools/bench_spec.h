@@ -28,6 +28,10 @@ struct SpecBenchInput {
   KvType kv_type = KvType::kF16;
   bool quiet = false;
   int repeats = 1;  // runs of each prompt per mode (alternating); per-prompt times are medians
+  // Each pair runs the two modes step by step in turn (a second generator and cache, the turn
+  // handed over at every emitted token) instead of one after the other, so both see the host
+  // within milliseconds of each other.
+  bool interleave = false;
 };
 
 // Runs every prompt plain and with the spec setup (alternating, after a warm-up) and returns the

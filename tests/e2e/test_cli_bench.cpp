@@ -1,0 +1,76 @@
+// `specdec bench --spec` end to end, through the built binary: both pairing protocols (runs one
+// after the other, and --interleave, where the plain and the speculative run take turns at every
+// emitted token) decode every prompt to the same greedy output as plain decoding, report
+// positive speeds, and say which protocol ran. On the tiny model, whose stories repeat, n-gram
+// speculation must be accepted at all.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/test_paths.h"
+
+namespace specdec {
+namespace {
+
+// Runs the command and returns its stdout (stderr goes to the test's log).
+std::string run_stdout(const std::string& cmd, int* status) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  if (!pipe) {
+    *status = -1;
+    return {};
+  }
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t got;
+  while ((got = fread(buf.data(), 1, buf.size(), pipe.get())) > 0) out.append(buf.data(), got);
+  *status = pclose(pipe.release());
+  return out;
+}
+
+nlohmann::json bench(const std::string& extra) {
+  const std::string prompts = std::string(SPECDEC_BINARY_DIR) + "/cli_bench_prompts.jsonl";
+  {
+    std::ofstream f(prompts);
+    f << "\"Once upon a time, there was a little girl named Lily.\"\n"
+         "\"The cat sat on the mat. The cat sat on the\"\n"
+         "\"Tom and his dog went to the park.\"\n";
+  }
+  const std::string cmd = std::string(SPECDEC_BINARY_DIR) + "/specdec bench -m " +
+                          test::tiny_model("stories260K.gguf") + " --spec ngram --prompts " +
+                          prompts + " -n 48 -t 2 --output-format json " + extra;
+  int status = 0;
+  const std::string out = run_stdout(cmd, &status);
+  EXPECT_EQ(status, 0) << cmd;
+  return nlohmann::json::parse(out);
+}
+
+void expect_sound(const nlohmann::json& j, bool interleaved) {
+  EXPECT_EQ(j.at("interleaved").get<bool>(), interleaved);
+  EXPECT_EQ(j.at("identical_outputs").get<int>(), 3);
+  EXPECT_GT(j.at("plain_tok_s").get<double>(), 0.0);
+  EXPECT_GT(j.at("spec_tok_s").get<double>(), 0.0);
+  EXPECT_GT(j.at("accepted").get<int>(), 0);
+  ASSERT_EQ(j.at("per_prompt").size(), 3u);
+  for (const auto& row : j.at("per_prompt")) {
+    EXPECT_TRUE(row.at("identical").get<bool>());
+    EXPECT_GT(row.at("speedup").get<double>(), 0.0);
+    EXPECT_EQ(row.at("generated").get<int>(), 48);
+  }
+}
+
+TEST(CliBench, SpecPairsOneAfterTheOther) {
+  expect_sound(bench("--repeats 2"), false);
+}
+
+TEST(CliBench, SpecPairsInterleaved) {
+  expect_sound(bench("--repeats 3 --interleave"), true);
+}
+
+}  // namespace
+}  // namespace specdec
