@@ -33,8 +33,9 @@ std::string run_stdout(const std::string& cmd, int* status) {
   return out;
 }
 
-nlohmann::json bench(const std::string& extra) {
-  const std::string prompts = std::string(SPECDEC_BINARY_DIR) + "/cli_bench_prompts.jsonl";
+// `name` keeps each test's prompts file its own: ctest runs the tests as parallel processes.
+nlohmann::json bench(const std::string& name, const std::string& extra) {
+  const std::string prompts = std::string(SPECDEC_BINARY_DIR) + "/cli_bench_" + name + ".jsonl";
   {
     std::ofstream f(prompts);
     f << "\"Once upon a time, there was a little girl named Lily.\"\n"
@@ -65,11 +66,11 @@ void expect_sound(const nlohmann::json& j, bool interleaved) {
 }
 
 TEST(CliBench, SpecPairsOneAfterTheOther) {
-  expect_sound(bench("--repeats 2"), false);
+  expect_sound(bench("sequential", "--repeats 2"), false);
 }
 
 TEST(CliBench, SpecPairsInterleaved) {
-  expect_sound(bench("--repeats 3 --interleave"), true);
+  expect_sound(bench("interleaved", "--repeats 3 --interleave"), true);
 }
 
 }  // namespace
