@@ -27,14 +27,15 @@ double median(std::vector<double> v) {
 // the next and then hands it to the other, so host slowdowns of more than a few milliseconds hit
 // both alike. Only the turn holder runs; the other's driver thread sleeps on the condition
 // variable. decode_seconds of each run is replaced by the time it held the turn after its
-// prefill. A run that finishes hands the machine over for good.
-void generate_interleaved(Generator* gens[2], const std::vector<int32_t>& prompt,
-                          const GenerationConfig* configs[2], std::vector<int32_t> out[2],
-                          GenerationStats stats[2]) {
+// prefill. A run that finishes hands the machine over for good. Side `first` takes the first
+// turn, driven by the calling thread.
+void generate_interleaved(Generator* const gens[2], const std::vector<int32_t>& prompt,
+                          const GenerationConfig* const configs[2], int first,
+                          std::vector<int32_t> out[2], GenerationStats stats[2]) {
   using Clock = std::chrono::steady_clock;
   std::mutex mu;
   std::condition_variable cv;
-  int turn = 0;
+  int turn = first;
   bool done[2] = {false, false};
   double held[2] = {0, 0};
   Clock::time_point since[2];
@@ -66,8 +67,8 @@ void generate_interleaved(Generator* gens[2], const std::vector<int32_t>& prompt
     turn = 1 - side;
     cv.notify_all();
   };
-  std::thread second(drive, 1);
-  drive(0);
+  std::thread second(drive, 1 - first);
+  drive(first);
   second.join();
   for (int side = 0; side < 2; ++side) {
     stats[side].decode_seconds = held[side] - stats[side].prefill_seconds;
@@ -136,6 +137,7 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   Generator gen(model, pool, in.ctx_size, in.kv_type);
   std::unique_ptr<Generator> gen_b;  // the speculative runs' own cache when interleaving
   if (in.interleave) gen_b = std::make_unique<Generator>(model, pool, in.ctx_size, in.kv_type);
+  Generator& spec_gen = gen_b ? *gen_b : gen;
   GenerationConfig plain;
   plain.max_new_tokens = in.n_gen;
   plain.sampling = in.sampling;
@@ -144,14 +146,15 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   specd.proposer = spec.proposer.get();
   specd.draft = spec.draft_length;
 
-  // Warm-up: one short run of each kind (page faults, thread pool, scratch growth).
+  // Warm-up: one short run of each kind, each on the generator its mode uses (page faults of
+  // the caches, thread pool, scratch growth).
   {
     GenerationConfig w = plain;
     w.max_new_tokens = std::min(16, in.n_gen);
     gen.generate(in.prompts[0], w, nullptr, nullptr);
     w.proposer = specd.proposer;
     w.draft = specd.draft;
-    gen.generate(in.prompts[0], w, nullptr, nullptr);
+    spec_gen.generate(in.prompts[0], w, nullptr, nullptr);
   }
 
   double plain_s = 0, spec_s = 0;
@@ -173,21 +176,16 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
       GenerationStats ps_r, ss_r;
       std::vector<int32_t> a_r, b_r;
       if (in.interleave) {
-        // Which mode holds the first turn alternates from pair to pair.
-        const int first = r % 2;
-        Generator* gens[2] = {&gen, gen_b.get()};
-        const GenerationConfig* configs[2] = {&plain, &specd};
-        if (first == 1) {
-          std::swap(gens[0], gens[1]);
-          std::swap(configs[0], configs[1]);
-        }
+        // Side 0 plain, side 1 speculative; which holds the first turn alternates by pair.
+        Generator* const gens[2] = {&gen, &spec_gen};
+        const GenerationConfig* const configs[2] = {&plain, &specd};
         std::vector<int32_t> outs[2];
         GenerationStats st[2];
-        generate_interleaved(gens, in.prompts[i], configs, outs, st);
-        a_r = std::move(outs[first]);
-        ps_r = st[first];
-        b_r = std::move(outs[1 - first]);
-        ss_r = st[1 - first];
+        generate_interleaved(gens, in.prompts[i], configs, r % 2, outs, st);
+        a_r = std::move(outs[0]);
+        b_r = std::move(outs[1]);
+        ps_r = st[0];
+        ss_r = st[1];
       } else if (r % 2 == 0) {
         a_r = gen.generate(in.prompts[i], plain, nullptr, &ps_r);
         b_r = gen.generate(in.prompts[i], specd, nullptr, &ss_r);
