@@ -27,11 +27,12 @@
 //
 // Threads: with enough blocks each block is one thread's task (largest first, taken from a
 // shared counter), chunk by chunk over all KV heads, each chunk merged as it is done. A
-// verification pass with enough query rows (block_tokens) is cut into one block per thread and
-// run the same way. Otherwise (decode, short verification) the threads share each block: thread 0 takes its (chunk, KV head) units
-// from the front and merges them as it goes, the others take them from the back and store their
-// chunk results (so the split adapts to a thread that starts late or runs slowly), and after a
-// barrier each thread finishes the merge of a share of the rows.
+// verification pass with enough query rows (AttentionPlan::block_per_thread) is cut into one
+// block per thread and run the same way. Otherwise (decode, short verification) the threads
+// share each block: thread 0 takes its (chunk, KV head) units from the front and merges them as
+// it goes, the others take them from the back and store their chunk results (so the split
+// adapts to a thread that starts late or runs slowly), and after a barrier each thread finishes
+// the merge of a share of the rows.
 //
 // Memory: decode and verification stream the cached K/V from DRAM (the rest of the forward pass
 // evicts them between layers). An f16 cache keeps K in tiles of 16 slots (kv/k_tiles.h): where
@@ -85,6 +86,7 @@ constexpr int64_t kSplitRowsPerThread = 12;
 // read while the pool runs.
 struct AttentionPlan {
   int64_t tokens_per_block = 0;
+  bool block_per_thread = false;     // the tokens cut into one block per thread (make_plan)
   int64_t n_blocks = 0;
   std::vector<int64_t> lead;         // [n_new] token i sees slots [0, lead[i]) ..
   std::vector<int64_t> runs;         // [n_runs, 2] .. then these {first slot, count} runs
@@ -194,18 +196,13 @@ int64_t visible_runs_from(const AttentionShape& s, const uint8_t* mask, int64_t 
 // Tokens per block: kBlockRowsPerHead rows per KV head, or for a call of at most one such block
 // per thread with at least kSplitRowsPerThread rows per KV head for each, an even cut into one
 // block per thread (the rows of a token always stay together).
-int64_t block_tokens(const AttentionShape& s, int threads) {
-  const int group = s.n_heads / s.n_kv_heads;
-  const int64_t tokens = std::min<int64_t>(s.n_new, std::max<int64_t>(1, kBlockRowsPerHead / group));
-  if (threads > 1 && s.n_new <= tokens * threads &&
-      s.n_new * group >= kSplitRowsPerThread * threads) {
-    return (s.n_new + threads - 1) / threads;
-  }
-  return tokens;
-}
-
 void make_plan(const AttentionShape& s, const uint8_t* mask, int threads, AttentionPlan* plan) {
-  plan->tokens_per_block = block_tokens(s, threads);
+  const int group = s.n_heads / s.n_kv_heads;
+  const int64_t tokens =
+      std::min<int64_t>(s.n_new, std::max<int64_t>(1, kBlockRowsPerHead / group));
+  plan->block_per_thread = threads > 1 && s.n_new <= tokens * threads &&
+                           s.n_new * group >= kSplitRowsPerThread * threads;
+  plan->tokens_per_block = plan->block_per_thread ? (s.n_new + threads - 1) / threads : tokens;
   plan->n_blocks = (s.n_new + plan->tokens_per_block - 1) / plan->tokens_per_block;
   plan->lead.resize(static_cast<size_t>(s.n_new));
   plan->runs_end.resize(static_cast<size_t>(s.n_new));
@@ -752,8 +749,7 @@ void attention_with(const OpsKernels& kern, const AttentionShape& s, const float
     for (int64_t t = 0; t < n_tasks; ++t) run_task(call, t);
     return;
   }
-  if (n_tasks >= kTasksPerThread * pool_threads ||
-      plan.tokens_per_block != block_tokens(s, 1)) {  // many blocks, or one cut per thread
+  if (n_tasks >= kTasksPerThread * pool_threads || plan.block_per_thread) {
     shared.next_task.store(0, std::memory_order_relaxed);
     pool->run([&](int, int) {
       for (int64_t t = shared.next_task.fetch_add(1, std::memory_order_relaxed); t < n_tasks;
