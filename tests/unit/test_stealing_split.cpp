@@ -83,6 +83,36 @@ TEST(StealingSplit, StretchesMatchStretchBegin) {
   }
 }
 
+TEST(StealingSplit, OwnerBatchesStayItsOwnAndShrink) {
+  // Thread 0's stretch is [0, 32): its first claim takes a batch of 32 / kBatchShare items.
+  StealingSplit split(64, 2);
+  EXPECT_EQ(split.next(0).item, 0);
+  for (int64_t i = 32; i < 64; ++i) EXPECT_EQ(split.next(1).item, i);  // thread 1's own stretch
+  // Thread 1 steals from the back of what thread 0 has not claimed, never from its batch.
+  const StealingSplit::Claim stolen = split.next(1);
+  EXPECT_EQ(stolen.item, 31);
+  EXPECT_EQ(stolen.step, -1);
+  const int64_t batch = 32 / StealingSplit::kBatchShare;
+  for (int64_t i = 1; i < batch; ++i) EXPECT_EQ(split.next(0).item, i);
+  // Thread 0 walks on in order while thread 1 takes the back, until they meet.
+  std::vector<int> count(32, 0);
+  count[0] = count[31] = 1;
+  for (int64_t i = 1; i < batch; ++i) count[static_cast<size_t>(i)] = 1;
+  int64_t last = batch - 1;
+  for (;;) {
+    const StealingSplit::Claim own = split.next(0);
+    const StealingSplit::Claim theft = split.next(1);
+    if (own.item >= 0) {
+      EXPECT_GT(own.item, last);
+      last = own.item;
+      ++count[static_cast<size_t>(own.item)];
+    }
+    if (theft.item >= 0) ++count[static_cast<size_t>(theft.item)];
+    if (own.item < 0 && theft.item < 0) break;
+  }
+  for (int v : count) EXPECT_EQ(v, 1);
+}
+
 TEST(StealingSplit, FastThreadTakesOverTheSlowOnesWork) {
   ThreadPool pool(2);
   std::vector<int> taker;
