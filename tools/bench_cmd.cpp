@@ -189,7 +189,7 @@ void run_bench(BenchOptions& o) {
   const int verify_context = std::clamp(o.n_prompt, 1, c.n_ctx_train - 16);
   if (!quiet) fmt::print(stderr, "verify cost: 8-token vs 1-token pass at context {} ...\n", verify_context);
   j["verify_cost_ratio"] =
-      measure_verify_cost_ratio(*model, &pool, verify_context, 20, kv_type_from_option(o.kv_type));
+      measure_verify_cost_ratio(*model, &pool, verify_context, 40, kv_type_from_option(o.kv_type));
   j["verify_context"] = verify_context;
 
   if (spec.proposer) {

@@ -15,7 +15,7 @@
 namespace specdec::cli {
 
 // time(pass over 8 new tokens) / time(pass over 1 new token) after `context` cached tokens,
-// median of `reps` alternating measurements.
+// the median over `reps` adjacent pairs of their ratio.
 double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps,
                                  KvType kv_type);
 
