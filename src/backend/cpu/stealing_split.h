@@ -36,6 +36,7 @@ class StealingSplit {
       const auto front = static_cast<uint32_t>(stretch_begin(n, s, nt));
       const auto back = static_cast<uint32_t>(stretch_begin(n, s + 1, nt));
       slot_[s].range.store(pack(front, back), std::memory_order_relaxed);
+      batch_[s] = Batch{};
     }
   }
 
@@ -112,11 +113,13 @@ class StealingSplit {
     std::atomic<uint64_t> range{0};  // front | back << 32: items [front, back) not yet taken
   };
   // An owner's claimed batch: items [next, end) are its own, taken in order without a claim;
-  // claim_end is the stretch's back when it was claimed. Written by the owner only.
+  // claim_end is the stretch's back when it was claimed. Written by the owner only; set empty
+  // by the constructor for the stretches in use only (a split is built per matmul call, and
+  // the other entries are never read).
   struct alignas(64) Batch {
-    int64_t next = 0;
-    int64_t end = 0;
-    int64_t claim_end = 0;
+    int64_t next;
+    int64_t end;
+    int64_t claim_end;
   };
   int stretches_;
   std::array<Slot, kMaxStretches> slot_;
