@@ -771,9 +771,9 @@ inline __m512 load_v(__mmask16 m, const float* v) {
 inline __m512 load_v(__mmask16 m, const uint16_t* v) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v));
 }
-// Unmasked, for passes whose four chunks are whole (kFull). The masked f16 load is a separate instruction
-// whose result vcvtph2ps then converts; unmasked, the load folds into vcvtph2ps (8-token
-// forward pass at 512 cached 0.988-0.989x, paired A/B).
+// Unmasked, for passes whose four chunks are whole (kFull). The masked f16 load is a separate
+// instruction whose result vcvtph2ps then converts; unmasked, the load folds into vcvtph2ps
+// (8-token forward pass at 512 cached 0.988-0.989x, paired A/B).
 inline __m512 load_v(const float* v) { return _mm512_loadu_ps(v); }
 inline __m512 load_v(const uint16_t* v) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)));
