@@ -401,11 +401,13 @@ void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_
 // Every query row uses each converted K vector, no lane is idle when a KV head has fewer than 4
 // query rows (decode: 3), and no horizontal sums run.
 
-// Dim d of the 16 slots of the K tile at `tile` ([head_dim, 16] halves), as floats.
-inline __m512 k16_dim(const uint16_t* tile, int d) {
-  return _mm512_cvtph_ps(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + d * kKTileSlots)));
+// The 16 halves at p as floats (the load folds into vcvtph2ps).
+inline __m512 load_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+
+// Dim d of the 16 slots of the K tile at `tile` ([head_dim, 16] halves), as floats.
+inline __m512 k16_dim(const uint16_t* tile, int d) { return load_f16(tile + d * kKTileSlots); }
 
 // Rows r0 .. r0 + R - 1 (R <= 3) of the packed q against V (1..2) tiles of K, scores into s
 // (row r at s + r * ld_s, slot 16 v + lane at column 16 v + lane); `slots`: the valid columns
@@ -775,9 +777,7 @@ inline __m512 load_v(__mmask16 m, const uint16_t* v) {
 // instruction whose result vcvtph2ps then converts; unmasked, the load folds into vcvtph2ps
 // (8-token forward pass at 512 cached 0.988-0.989x, paired A/B).
 inline __m512 load_v(const float* v) { return _mm512_loadu_ps(v); }
-inline __m512 load_v(const uint16_t* v) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)));
-}
+inline __m512 load_v(const uint16_t* v) { return load_f16(v); }
 
 // The cursor is stepped through a local copy, which stays in registers across the loop (stepped
 // through the reference, its position went to memory every V row: attention op 1.5-2% slower at
