@@ -15,9 +15,12 @@
 namespace specdec::cli {
 
 // time(pass over 8 new tokens) / time(pass over 1 new token) after `context` cached tokens,
-// the median over `reps` adjacent pairs of their ratio.
-double measure_verify_cost_ratio(Model& model, ThreadPool* pool, int context, int reps,
-                                 KvType kv_type);
+// measured over `reps` adjacent pairs (a 1-token pass, then an 8-token pass).
+struct VerifyCost {
+  double ratio = 0;       // median over the pairs of their ratio (the headline figure)
+  double best_ratio = 0;  // fastest 8-token pass / fastest 1-token pass of the same pairs
+};
+VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps, KvType kv_type);
 
 struct SpecBenchInput {
   std::vector<std::vector<int32_t>> prompts;  // tokenized

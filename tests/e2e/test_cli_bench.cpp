@@ -1,8 +1,9 @@
 // `specdec bench --spec` end to end, through the built binary: both pairing protocols (runs one
 // after the other, and --interleave, where the plain and the speculative run take turns at every
 // emitted token) decode every prompt to the same greedy output as plain decoding, report
-// positive speeds, and say which protocol ran. On the tiny model, whose stories repeat, n-gram
-// speculation must be accepted at all.
+// positive speeds (and a verification cost over the requested number of pass pairs), and say
+// which protocol ran. On the tiny model, whose stories repeat, n-gram speculation must be
+// accepted at all.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -51,12 +52,15 @@ nlohmann::json bench(const std::string& name, const std::string& extra) {
   return nlohmann::json::parse(out);
 }
 
-void expect_sound(const nlohmann::json& j, bool interleaved) {
+void expect_sound(const nlohmann::json& j, bool interleaved, int verify_pairs) {
   EXPECT_EQ(j.at("interleaved").get<bool>(), interleaved);
   EXPECT_EQ(j.at("identical_outputs").get<int>(), 3);
   EXPECT_GT(j.at("plain_tok_s").get<double>(), 0.0);
   EXPECT_GT(j.at("spec_tok_s").get<double>(), 0.0);
   EXPECT_GT(j.at("accepted").get<int>(), 0);
+  EXPECT_GT(j.at("verify_cost_ratio").get<double>(), 0.0);
+  EXPECT_GT(j.at("verify_cost_ratio_best").get<double>(), 0.0);
+  EXPECT_EQ(j.at("verify_pairs").get<int>(), verify_pairs);
   ASSERT_EQ(j.at("per_prompt").size(), 3u);
   for (const auto& row : j.at("per_prompt")) {
     EXPECT_TRUE(row.at("identical").get<bool>());
@@ -66,11 +70,11 @@ void expect_sound(const nlohmann::json& j, bool interleaved) {
 }
 
 TEST(CliBench, SpecPairsOneAfterTheOther) {
-  expect_sound(bench("sequential", "--repeats 2"), false);
+  expect_sound(bench("sequential", "--repeats 2"), false, 40);
 }
 
 TEST(CliBench, SpecPairsInterleaved) {
-  expect_sound(bench("interleaved", "--repeats 3 --interleave"), true);
+  expect_sound(bench("interleaved", "--repeats 3 --interleave --verify-pairs 7"), true, 7);
 }
 
 }  // namespace
