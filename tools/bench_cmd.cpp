@@ -190,8 +190,8 @@ void run_bench(BenchOptions& o) {
   if (!spec.proposer) roofline_bench(o, *model, pool, j);
   const int verify_context = std::clamp(o.n_prompt, 1, c.n_ctx_train - 16);
   if (!quiet) fmt::print(stderr, "verify cost: 8-token vs 1-token pass at context {} ...\n", verify_context);
-  const VerifyCost verify =
-      measure_verify_cost(*model, &pool, verify_context, o.verify_pairs, kv_type_from_option(o.kv_type));
+  const VerifyCost verify = measure_verify_cost(*model, &pool, verify_context, o.verify_pairs,
+                                                kv_type_from_option(o.kv_type));
   j["verify_cost_ratio"] = verify.ratio;
   j["verify_cost_ratio_best"] = verify.best_ratio;
   j["verify_context"] = verify_context;

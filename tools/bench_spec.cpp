@@ -77,7 +77,8 @@ void generate_interleaved(Generator* const gens[2], const std::vector<int32_t>& 
 
 }  // namespace
 
-VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps, KvType kv_type) {
+VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps,
+                               KvType kv_type) {
   const ModelConfig& c = model.config();
   context = std::min(context, c.n_ctx_train - 16);
   KvCache kv = model.make_kv_cache(context + 16, kv_type);

@@ -20,7 +20,8 @@ struct VerifyCost {
   double ratio = 0;       // median over the pairs of their ratio (the headline figure)
   double best_ratio = 0;  // fastest 8-token pass / fastest 1-token pass of the same pairs
 };
-VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps, KvType kv_type);
+VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps,
+                               KvType kv_type);
 
 struct SpecBenchInput {
   std::vector<std::vector<int32_t>> prompts;  // tokenized
