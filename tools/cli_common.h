@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "kv/kv_type.h"
+#include "backend/kv_type.h"
 #include "model/gguf.h"
 #include "model/model.h"
 

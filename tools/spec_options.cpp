@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 
 #include "cli_common.h"
-#include "spec/draft_model.h"
-#include "spec/ngram.h"
+#include "speculative/draft_model.h"
+#include "speculative/ngram.h"
 #include "util/check.h"
 
 namespace specdec::cli {

@@ -7,7 +7,7 @@
 
 #include "engine/generator.h"
 #include "model/model.h"
-#include "spec/proposer.h"
+#include "speculative/proposer.h"
 
 namespace CLI {
 class App;

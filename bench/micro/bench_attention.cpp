@@ -29,7 +29,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
-#include "kv/k_tiles.h"
+#include "backend/k_tiles.h"
 
 namespace specdec {
 namespace {

@@ -16,10 +16,10 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "sample/sampler.h"
-#include "sample/verifier.h"
-#include "spec/draft_length.h"
-#include "spec/proposer.h"
-#include "spec/token_tree.h"
+#include "speculative/verifier.h"
+#include "speculative/draft_length.h"
+#include "speculative/proposer.h"
+#include "speculative/token_tree.h"
 
 namespace specdec {
 

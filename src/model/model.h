@@ -1,8 +1,11 @@
 // A loaded language model and its forward pass (DESIGN §3):
-//   forward(kv, batch) runs n_new tokens with explicit positions and an explicit attention mask
-//   (causal chain or token tree) over the sequence's cached tokens, writes their K/V at slots
-//   [kv.size(), kv.size() + n_new) and returns logits (and last hidden states) only for the rows
-//   asked for. The model never knows who proposed the tokens.
+//   forward(seqs) runs, for each sequence of the batch, its new tokens with explicit positions
+//   and an explicit attention mask (causal chain or token tree) over that sequence's cached
+//   tokens, writes their K/V at its slots [n_past, n_past + n_new) and returns logits (and last
+//   hidden states) only for the rows asked for. All sequences' tokens go through every weight
+//   matrix together (each weight streamed once per pass); attention reads each sequence's own
+//   K/V. The model never knows who proposed the tokens, nor which sequences share a pass: each
+//   row's result is bitwise the one it gets alone.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +15,9 @@
 #include <string>
 
 #include "kv/kv_cache.h"
+#include "kv/paged_kv.h"
 #include "model/config.h"
+#include "model/forward_scratch.h"
 
 namespace specdec {
 
@@ -29,9 +34,17 @@ struct ForwardBatch {
   bool want_hidden = false;              // also return the last hidden state of output_rows
 };
 
+// One sequence's part of a batched pass.
+struct SeqBatch {
+  SeqKv kv;            // its cache: kv.n_past cached slots, the table covering n_past + n_new
+  ForwardBatch batch;  // its new tokens (mask and output_rows index this sequence's rows)
+};
+
 struct ForwardResult {
-  std::span<const float> logits;  // [output_rows.size(), n_vocab]
-  std::span<const float> hidden;  // [output_rows.size(), dim] final-normed hidden (lm_head input)
+  // Output rows of all sequences in batch order (each sequence's output_rows in order).
+  std::span<const float> logits;  // [output rows, n_vocab]
+  // [output rows, dim] final-normed hidden (lm_head input); when any sequence set want_hidden.
+  std::span<const float> hidden;
 };
 
 // Called with every named intermediate when set (debugging; off in normal runs).
@@ -52,9 +65,16 @@ class Model {
   // A KV cache shaped for this model with room for `capacity` tokens, stored as `type`.
   KvCache make_kv_cache(int64_t capacity, KvType type = KvType::kF16) const;
 
-  // Runs the batch; the returned spans stay valid until the next forward call on this model.
-  // Throws specdec::Error if the batch would not fit in the cache or a token id is out of range.
-  virtual ForwardResult forward(KvCache& kv, const ForwardBatch& batch, ThreadPool* pool) = 0;
+  // Runs the sequences' batches in one pass, writing their K/V into their storage (the callers
+  // advance their n_past). The returned spans point into `scratch` and stay valid until its next
+  // use. Throws specdec::Error, with nothing written, if a batch would not fit in its sequence's
+  // blocks or context, or a token id or position is out of range. Reentrant: every buffer of the
+  // pass is in `scratch` (one per concurrent caller).
+  virtual ForwardResult forward(std::span<const SeqBatch> seqs, ThreadPool* pool,
+                                ForwardScratch* scratch) = 0;
+  // One sequence with a contiguous cache, in the model's own scratch (not reentrant); appends
+  // the batch's tokens to kv. The spans stay valid until the next call on this model.
+  ForwardResult forward(KvCache& kv, const ForwardBatch& batch, ThreadPool* pool);
 
   void set_dump(TensorDumpFn fn) { dump_ = std::move(fn); }
 
@@ -71,6 +91,7 @@ class Model {
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
   TensorDumpFn dump_;
+  ForwardScratch scratch_;  // of forward(KvCache&, ...)
 };
 
 }  // namespace specdec

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "sample/sampler.h"
-#include "sample/verifier.h"
-#include "spec/token_tree.h"
+#include "speculative/verifier.h"
+#include "speculative/token_tree.h"
 
 namespace specdec::test {
 

@@ -19,8 +19,8 @@
 #include "common/test_paths.h"
 #include "engine/generator.h"
 #include "model/model.h"
-#include "spec/draft_model.h"
-#include "spec/ngram.h"
+#include "speculative/draft_model.h"
+#include "speculative/ngram.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specdec {

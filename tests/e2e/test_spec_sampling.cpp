@@ -22,9 +22,9 @@
 #include "engine/generator.h"
 #include "model/model.h"
 #include "sample/sampler.h"
-#include "sample/verifier.h"
-#include "spec/draft_model.h"
-#include "spec/ngram.h"
+#include "speculative/verifier.h"
+#include "speculative/draft_model.h"
+#include "speculative/ngram.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specdec {

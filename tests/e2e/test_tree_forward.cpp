@@ -17,7 +17,7 @@
 #include "common/test_paths.h"
 #include "engine/generator.h"
 #include "model/model.h"
-#include "spec/token_tree.h"
+#include "speculative/token_tree.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specdec {

@@ -16,7 +16,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16: the scalar conversions
 #include "backend/cpu/thread_pool.h"
-#include "kv/k_tiles.h"
+#include "backend/k_tiles.h"
 
 namespace specdec {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 namespace specdec {
 namespace {

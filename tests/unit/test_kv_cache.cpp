@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16
-#include "kv/k_tiles.h"
+#include "backend/k_tiles.h"
 #include "kv/kv_cache.h"
 
 namespace specdec {

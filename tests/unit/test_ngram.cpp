@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "spec/ngram.h"
-#include "spec/token_tree.h"
+#include "speculative/ngram.h"
+#include "speculative/token_tree.h"
 
 namespace specdec {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "sample/rng.h"
-#include "spec/token_tree.h"
+#include "speculative/token_tree.h"
 
 namespace specdec {
 namespace {

@@ -18,8 +18,8 @@
 #include "common/stats.h"
 #include "sample/rng.h"
 #include "sample/sampler.h"
-#include "sample/verifier.h"
-#include "spec/token_tree.h"
+#include "speculative/verifier.h"
+#include "speculative/token_tree.h"
 
 namespace specdec {
 namespace {

@@ -35,7 +35,7 @@
 // the merge of a share of the rows.
 //
 // Memory: decode and verification stream the cached K/V from DRAM (the rest of the forward pass
-// evicts them between layers). An f16 cache keeps K in tiles of 16 slots (kv/k_tiles.h): where
+// evicts them between layers). An f16 cache keeps K in tiles of 16 slots (backend/k_tiles.h): where
 // the variant has attn_scores_k16 the scores of a chunk's tile columns read the tiles directly
 // (bitwise the scores of attn_scores on the same values); otherwise, and for run pieces, the
 // K rows a kernel call needs are converted (exactly) into a float tile. Σ p·v reads the f16 V
@@ -62,7 +62,8 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
-#include "kv/k_tiles.h"
+#include "backend/k_tiles.h"
+#include "backend/kv_view.h"
 #include "util/check.h"
 
 namespace specdec {
@@ -236,8 +237,7 @@ struct AttentionCall {
   const OpsKernels& kern;
   const AttentionShape& s;
   const float* q;  // [n_new, n_heads, head_dim]
-  const void* k;   // [n_past + n_new, n_kv_heads, head_dim] of kv_type (f16: K tiles)
-  const void* v;   // [n_past + n_new, n_kv_heads, head_dim] of kv_type
+  const KvView& kv;  // slots [0, n_past + n_new), each [n_kv_heads, head_dim] of kv_type
   KvType kv_type;
   float* out;  // [n_new, n_heads, head_dim]
   const AttentionPlan& plan;
@@ -317,26 +317,30 @@ bool runs_in_chunk(const AttentionCall& c, int64_t i, int64_t c0, int64_t c1) {
   return c.plan.lead[i] < c1 && c.plan.n_visible[i] > std::max(c.plan.lead[i], c0);
 }
 
-// Rows [slot, slot + count) of KV head h of the cache kv (c.k or c.v) as floats, `stride` floats
-// apart: the cache's own rows for a float cache; for an f16 cache, converted into `tile`
-// [count, head_dim].
+// Rows [local, local + count) of KV head h of one contiguous run's K or V rows (base: run.k or
+// run.v) as floats, `stride` floats apart: the cache's own rows for a float cache; for an f16
+// cache, converted into `tile` [count, head_dim].
 struct FloatRows {
   const float* p;
   int64_t stride;
 };
 
-FloatRows head_rows(const AttentionCall& c, const void* kv, int h, int64_t slot, int64_t count,
-                    std::vector<float>* tile) {
-  const int64_t offset = slot * c.kv_stride + static_cast<int64_t>(h) * c.s.head_dim;
-  if (c.kv_type == KvType::kF32) return {static_cast<const float*>(kv) + offset, c.kv_stride};
+FloatRows head_rows(const AttentionCall& c, const uint8_t* base, int h, int64_t local,
+                    int64_t count, std::vector<float>* tile) {
+  const int64_t offset = local * c.kv_stride + static_cast<int64_t>(h) * c.s.head_dim;
+  if (c.kv_type == KvType::kF32) {
+    return {reinterpret_cast<const float*>(base) + offset, c.kv_stride};
+  }
   float* t = grow(tile, count * c.s.head_dim);
-  c.kern.f16_to_f32_rows(static_cast<const uint16_t*>(kv) + offset, c.kv_stride, count,
+  c.kern.f16_to_f32_rows(reinterpret_cast<const uint16_t*>(base) + offset, c.kv_stride, count,
                          c.s.head_dim, t);
   return {t, c.s.head_dim};
 }
 
 // Σ p·v over the V rows [slot, slot + count) of KV head h for n_q rows of p (ld_p apart):
-// added to out [n_q, head_dim], or with wo / wn merged into it as attn_accumulate_merge does.
+// added to out [n_q, head_dim], or with wo / wn merged into it as attn_accumulate_merge does
+// (only for slots in one contiguous run, single_run). A paged cache's runs are summed one after
+// the other, each slot once in slot order: the same bits as one call (OpsKernels contract).
 // An f16 cache's rows are read directly where the variant has the f16 kernels (each value
 // converted as it is loaded), otherwise converted into `tile` first. In-process A/B at 512
 // cached tokens: 0.96-0.97x the decode step time, 0.98-0.99x for 8 new tokens (whose 24 rows
@@ -345,42 +349,76 @@ void sum_pv(const AttentionCall& c, int h, int64_t slot, int64_t count, const fl
             int64_t ld_p, int n_q, const float* wo, const float* wn, float* out,
             std::vector<float>* tile, AttnPrefetch next) {
   const int hd = c.s.head_dim;
-  if (c.kv_type == KvType::kF16 && c.kern.attn_accumulate_f16 != nullptr) {
-    const uint16_t* v = static_cast<const uint16_t*>(c.v) + slot * c.kv_stride +
-                        static_cast<int64_t>(h) * hd;  // rows c.kv_stride halves apart
-    if (wo != nullptr) {
-      c.kern.attn_accumulate_merge_f16(p, ld_p, n_q, v, c.kv_stride, count, hd, wo, wn, out, next);
-    } else {
-      c.kern.attn_accumulate_f16(p, ld_p, n_q, v, c.kv_stride, count, hd, out, next);
+  for_kv_runs(c.kv, slot, count, [&](int64_t o, const KvRun& run) {
+    SPECDEC_DCHECK(wo == nullptr || run.n == count, "sum_pv: a merge over several runs");
+    const float* p_run = p + o;  // the run's columns
+    const AttnPrefetch hint = o == 0 ? next : AttnPrefetch{};
+    if (c.kv_type == KvType::kF16 && c.kern.attn_accumulate_f16 != nullptr) {
+      const uint16_t* v = reinterpret_cast<const uint16_t*>(run.v) + run.local * c.kv_stride +
+                          static_cast<int64_t>(h) * hd;  // rows c.kv_stride halves apart
+      if (wo != nullptr) {
+        c.kern.attn_accumulate_merge_f16(p_run, ld_p, n_q, v, c.kv_stride, run.n, hd, wo, wn, out,
+                                         hint);
+      } else {
+        c.kern.attn_accumulate_f16(p_run, ld_p, n_q, v, c.kv_stride, run.n, hd, out, hint);
+      }
+      return;
     }
-    return;
-  }
-  const FloatRows v = head_rows(c, c.v, h, slot, count, tile);
-  if (wo != nullptr) {
-    c.kern.attn_accumulate_merge(p, ld_p, n_q, v.p, v.stride, count, hd, wo, wn, out, next);
-  } else {
-    c.kern.attn_accumulate(p, ld_p, n_q, v.p, v.stride, count, hd, out, next);
-  }
+    const FloatRows v = head_rows(c, run.v, h, run.local, run.n, tile);
+    if (wo != nullptr) {
+      c.kern.attn_accumulate_merge(p_run, ld_p, n_q, v.p, v.stride, run.n, hd, wo, wn, out, hint);
+    } else {
+      c.kern.attn_accumulate(p_run, ld_p, n_q, v.p, v.stride, run.n, hd, out, hint);
+    }
+  });
 }
 
-// head_rows for K, whose f16 layout is tiles: from a tile's first slot the variant's
-// k16_tiles_to_rows transposes them; otherwise (run pieces, variants without it) they are
-// gathered into rows of halves and converted.
-FloatRows k_head_rows(const AttentionCall& c, int h, int64_t slot, int64_t count,
-                      std::vector<float>* tile, Scratch& sc) {
-  if (!k_tiled(c.kv_type)) return head_rows(c, c.k, h, slot, count, tile);
+// Whether the slots [slot, slot + count) are one contiguous run (always, for a KvCache).
+bool single_run(const AttentionCall& c, int64_t slot, int64_t count) {
+  return kv_run(c.kv, slot, count).n == count;
+}
+
+// head_rows for the K rows of one contiguous run (f16 layout: tiles): from a tile's first slot
+// the variant's k16_tiles_to_rows transposes them; otherwise (run pieces, variants without it)
+// they are gathered into rows of halves and converted.
+FloatRows k_head_rows(const AttentionCall& c, int h, const KvRun& run, std::vector<float>* tile,
+                      Scratch& sc) {
+  if (!k_tiled(c.kv_type)) return head_rows(c, run.k, h, run.local, run.n, tile);
   const int64_t hd = c.s.head_dim, n_kv = c.s.n_kv_heads;
-  const auto* tiles = static_cast<const uint16_t*>(c.k);
-  float* t = grow(tile, count * hd);  // [count, head_dim]
-  if (slot % kKTileSlots == 0 && c.kern.k16_tiles_to_rows != nullptr) {
-    c.kern.k16_tiles_to_rows(tiles + k_tile_index(slot, h, 0, n_kv, hd), n_kv * hd * kKTileSlots,
-                             count, c.s.head_dim, t);
+  const auto* tiles = reinterpret_cast<const uint16_t*>(run.k);
+  float* t = grow(tile, run.n * hd);  // [run.n, head_dim]
+  if (run.local % kKTileSlots == 0 && c.kern.k16_tiles_to_rows != nullptr) {
+    c.kern.k16_tiles_to_rows(tiles + k_tile_index(run.local, h, 0, n_kv, hd),
+                             n_kv * hd * kKTileSlots, run.n, c.s.head_dim, t);
     return {t, hd};
   }
-  uint16_t* rows = grow(&sc.k_half, count * hd);  // [count, head_dim]
-  k_tiles_to_head_rows(tiles, slot, count, h, n_kv, hd, rows, hd);
-  c.kern.f16_to_f32_rows(rows, hd, count, c.s.head_dim, t);
+  uint16_t* rows = grow(&sc.k_half, run.n * hd);  // [run.n, head_dim]
+  k_tiles_to_head_rows(tiles, run.local, run.n, h, n_kv, hd, rows, hd);
+  c.kern.f16_to_f32_rows(rows, hd, run.n, c.s.head_dim, t);
   return {t, hd};
+}
+
+// Scores of the packed q rows (n_q of them) against the K rows [slot, slot + count) of KV head
+// h, run by run: s[r * kChunk + j] for column j = slot - first slot. tiles: f16 tiles are read
+// directly where the variant can (runs starting at a tile's first slot); otherwise, and for run
+// pieces (tiles = false), the rows are converted to floats first. Either way the same bits.
+void scores_rows(const AttentionCall& c, int h, const float* packed, int n_q, int64_t slot,
+                 int64_t count, float* s, Scratch& sc, std::vector<float>* tile, bool tiles,
+                 AttnPrefetch next) {
+  const int64_t hd = c.s.head_dim, n_kv = c.s.n_kv_heads;
+  for_kv_runs(c.kv, slot, count, [&](int64_t o, const KvRun& run) {
+    const AttnPrefetch hint = o == 0 ? next : AttnPrefetch{};
+    if (tiles && k_tiled(c.kv_type) && c.kern.attn_scores_k16 != nullptr &&
+        run.local % kKTileSlots == 0) {
+      c.kern.attn_scores_k16(
+          packed, n_q,
+          reinterpret_cast<const uint16_t*>(run.k) + k_tile_index(run.local, h, 0, n_kv, hd),
+          n_kv * hd * kKTileSlots, run.n, c.s.head_dim, s + o, kChunk, hint);
+      return;
+    }
+    const FloatRows k = k_head_rows(c, h, run, tile, sc);
+    c.kern.attn_scores(packed, n_q, k.p, k.stride, run.n, c.s.head_dim, s + o, kChunk, hint);
+  });
 }
 
 // Chunk `chunk` of the block: its columns [c0, c1) of visible positions, the tile slots
@@ -420,15 +458,32 @@ NextRows chunk_part(const AttentionCall& c, const Block& blk, int64_t chunk, int
   const int64_t n = std::min(std::min(c0 + kChunk, blk.max_visible), blk.tile_end) - c0;
   if (n <= 0) return next;
   const auto row_bytes = static_cast<int64_t>(c.kv_stride * kv_type_bytes(c.kv_type));
-  auto part_of = [&](const void* base, int64_t slots) {
-    const int64_t bytes = slots * row_bytes;
-    const int64_t begin = bytes * part / parts;
-    const int64_t end = bytes * (part + 1) / parts;
-    return AttnPrefetch{static_cast<const char*>(base) + c0 * row_bytes + begin, end - begin};
+  // Part `part` of the chunk's bytes in K (is_k) or V, over its contiguous runs in slot order,
+  // clipped to the run it begins in (a paged cache's chunk may span several).
+  auto part_of = [&](bool is_k) {
+    // K tiles: the runs' slots are whole tiles (c0 and block starts are multiples of 16), the
+    // last one entire.
+    auto run_bytes = [&](const KvRun& run) {
+      return (is_k && k_tiled(c.kv_type) ? k_tile_slots(run.n) : run.n) * row_bytes;
+    };
+    int64_t total = 0;
+    for_kv_runs(c.kv, c0, n, [&](int64_t, const KvRun& run) { total += run_bytes(run); });
+    const int64_t begin = total * part / parts;
+    const int64_t end = total * (part + 1) / parts;
+    AttnPrefetch hint;
+    int64_t at = 0;  // bytes of the runs before this one
+    for_kv_runs(c.kv, c0, n, [&](int64_t, const KvRun& run) {
+      const int64_t bytes = run_bytes(run);
+      if (hint.begin == nullptr && begin < end && begin < at + bytes) {
+        const uint8_t* base = (is_k ? run.k : run.v) + run.local * row_bytes;
+        hint = AttnPrefetch{base + (begin - at), std::min(end, at + bytes) - begin};
+      }
+      at += bytes;
+    });
+    return hint;
   };
-  // K tiles: the chunk's slots are whole tiles (c0 is a multiple of 16), the last one entire.
-  next.k = part_of(c.k, k_tiled(c.kv_type) ? k_tile_slots(n) : n);
-  next.v = part_of(c.v, n);
+  next.k = part_of(true);
+  next.v = part_of(false);
   return next;
 }
 
@@ -445,25 +500,17 @@ void chunk_probs(const AttentionCall& c, const Block& blk, int h, const Chunk& c
     const int64_t n = std::clamp<int64_t>(c.plan.n_visible[blk.token_begin + t] - c0, 0, kChunk);
     std::fill_n(n_valid + t * c.group, c.group, static_cast<int32_t>(n));
   }
-  if (tile_cols > 0 && k_tiled(c.kv_type) && c.kern.attn_scores_k16 != nullptr) {
-    const int64_t n_kv = c.s.n_kv_heads, hd = c.s.head_dim;
-    // c0 (a multiple of kChunk) is a tile's first slot.
-    c.kern.attn_scores_k16(
-        packed_h, rows, static_cast<const uint16_t*>(c.k) + k_tile_index(c0, h, 0, n_kv, hd),
-        n_kv * hd * kKTileSlots, tile_cols, c.s.head_dim, scores, kChunk, next_k);
-  } else if (tile_cols > 0) {
-    const FloatRows k = k_head_rows(c, h, c0, tile_cols, &sc.k_tile, sc);
-    c.kern.attn_scores(packed_h, rows, k.p, k.stride, tile_cols, c.s.head_dim, scores, kChunk,
-                       next_k);
+  if (tile_cols > 0) {
+    // c0 (a multiple of kChunk) is a tile's first slot: the tiles are read directly.
+    scores_rows(c, h, packed_h, rows, c0, tile_cols, scores, sc, &sc.k_tile, true, next_k);
   }
   if (ch.runs) {
     for (int64_t t = 0; t < blk.n_tokens; ++t) {
       const int64_t i = blk.token_begin + t;
       if (!runs_in_chunk(c, i, c0, c1)) continue;
       for_run_pieces(c, i, c0, c1, [&](int64_t column, int64_t slot, int64_t count) {
-        const FloatRows k = k_head_rows(c, h, slot, count, &sc.piece, sc);
-        c.kern.attn_scores(packed_tok_h + t * c.packed_tok, c.group, k.p, k.stride, count,
-                           c.s.head_dim, scores + t * c.group * kChunk + column, kChunk, {});
+        scores_rows(c, h, packed_tok_h + t * c.packed_tok, c.group, slot, count,
+                    scores + t * c.group * kChunk + column, sc, &sc.piece, false, {});
       });
     }
   }
@@ -545,7 +592,7 @@ void merge_chunk(const AttentionCall& c, const Block& blk, int h, const Chunk& c
   float* ml = grow(&sc.ml, 4 * rows);  // [4, rows] m, l, wo, wn of the chunk
   chunk_probs(c, blk, h, ch, packed_h, packed_tok_h, sc, ml, ml + rows, next.k);
   c.kern.attn_merge_weights(ml, ml + rows, rows, big_m_h, big_l_h, ml + 2 * rows, ml + 3 * rows);
-  if (!ch.runs && ch.tile_cols > 0) {
+  if (!ch.runs && ch.tile_cols > 0 && single_run(c, ch.c0, ch.tile_cols)) {
     sum_pv(c, h, ch.c0, ch.tile_cols, sc.scores.data(), kChunk, rows, ml + 2 * rows, ml + 3 * rows,
            big_a_h, &sc.v_tile, next.v);
   } else {
@@ -716,9 +763,8 @@ void blocks_shared(const AttentionCall& c, SharedBuffers& shared, ThreadPool* po
   }
 }
 
-void attention_with(const OpsKernels& kern, const AttentionShape& s, const float* q, const void* k,
-                    const void* v, KvType kv_type, const uint8_t* mask, float* out,
-                    ThreadPool* pool) {
+void attention_with(const OpsKernels& kern, const AttentionShape& s, const float* q,
+                    const KvView& kv, const uint8_t* mask, float* out, ThreadPool* pool) {
   SPECDEC_CHECK(s.n_past >= 0 && s.n_new >= 0, "attention: negative token count");
   if (s.n_new == 0) return;
   SPECDEC_CHECK(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0,
@@ -734,9 +780,8 @@ void attention_with(const OpsKernels& kern, const AttentionShape& s, const float
       .kern = kern,
       .s = s,
       .q = q,
-      .k = k,
-      .v = v,
-      .kv_type = kv_type,
+      .kv = kv,
+      .kv_type = kv.type,
       .out = out,
       .plan = plan,
       .group = group,
@@ -786,14 +831,24 @@ void attention_with(const OpsKernels& kern, const AttentionShape& s, const float
 
 }  // namespace
 
+void attention_isa(Isa isa, const AttentionShape& s, const float* q, const KvView& kv,
+                   const uint8_t* mask, float* out, ThreadPool* pool) {
+  attention_with(ops_kernels_for(isa, true), s, q, kv, mask, out, pool);
+}
+
+void attention(const AttentionShape& s, const float* q, const KvView& kv, const uint8_t* mask,
+               float* out, ThreadPool* pool) {
+  attention_with(ops_kernels_for(active_isa(), false), s, q, kv, mask, out, pool);
+}
+
 void attention_isa(Isa isa, const AttentionShape& s, const float* q, const void* k, const void* v,
                    KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool) {
-  attention_with(ops_kernels_for(isa, true), s, q, k, v, kv_type, mask, out, pool);
+  attention_isa(isa, s, q, KvView::contiguous(k, v, kv_type, s.n_past + s.n_new), mask, out, pool);
 }
 
 void attention(const AttentionShape& s, const float* q, const void* k, const void* v,
                KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool) {
-  attention_with(ops_kernels_for(active_isa(), false), s, q, k, v, kv_type, mask, out, pool);
+  attention(s, q, KvView::contiguous(k, v, kv_type, s.n_past + s.n_new), mask, out, pool);
 }
 
 }  // namespace specdec

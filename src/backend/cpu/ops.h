@@ -7,7 +7,8 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_features.h"
-#include "kv/kv_type.h"
+#include "backend/kv_type.h"
+#include "backend/kv_view.h"
 
 namespace specdec {
 
@@ -49,7 +50,7 @@ void f16_to_f32(const uint16_t* x, int64_t n, float* y);
 //   q:   [n_new, n_heads, head_dim]
 //   k,v: [n_past + n_new, n_kv_heads, head_dim] (row j of the cache = token slot j; the new
 //        tokens' K/V are already written at slots n_past ..), elements of kv_type; for kF16, K
-//        is in tiles of 16 slots instead (kv/k_tiles.h: [ceil(slots / 16), n_kv_heads,
+//        is in tiles of 16 slots instead (backend/k_tiles.h: [ceil(slots / 16), n_kv_heads,
 //        head_dim, 16], the whole last tile allocated). f16 values enter the arithmetic exactly,
 //        so the result is that of the float cache holding the same values.
 //   mask: [n_new, n_new] row-major, mask[i * n_new + j] != 0 if new token i may attend to new
@@ -73,6 +74,10 @@ struct AttentionShape {
 };
 void attention(const AttentionShape& s, const float* q, const void* k, const void* v,
                KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool);
+// The same over the slots of a KvView (a paged cache's blocks through the sequence's block
+// table, or a contiguous cache): the same bits as a contiguous cache holding the same values.
+void attention(const AttentionShape& s, const float* q, const KvView& kv, const uint8_t* mask,
+               float* out, ThreadPool* pool);
 // The same over a float cache.
 inline void attention(const AttentionShape& s, const float* q, const float* k, const float* v,
                       const uint8_t* mask, float* out, ThreadPool* pool) {
@@ -93,6 +98,8 @@ void rope_apply_isa(Isa isa, float* x, const float* cos_sin, int64_t n_tokens, i
                     int head_dim, int rope_dim, RopeStyle style);
 void attention_isa(Isa isa, const AttentionShape& s, const float* q, const void* k, const void* v,
                    KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool);
+void attention_isa(Isa isa, const AttentionShape& s, const float* q, const KvView& kv,
+                   const uint8_t* mask, float* out, ThreadPool* pool);
 inline void attention_isa(Isa isa, const AttentionShape& s, const float* q, const float* k,
                           const float* v, const uint8_t* mask, float* out, ThreadPool* pool) {
   attention_isa(isa, s, q, k, v, KvType::kF32, mask, out, pool);
@@ -219,7 +226,7 @@ struct OpsKernels {
   // attention driver's f16 K/V rows of one KV head, into a float tile.
   void (*f16_to_f32_rows)(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
                           float* dst);
-  // attn_scores over K of an f16 cache in tiles (kv/k_tiles.h): slots [0, n_slots) of one KV
+  // attn_scores over K of an f16 cache in tiles (backend/k_tiles.h): slots [0, n_slots) of one KV
   // head, kt at dim 0 of the tile holding slot 0 (a tile's first slot), consecutive tiles of
   // the head tile_stride halves apart. Each score bitwise what attn_scores gives for the same
   // values as float rows. May read (not store) the rest of the last tile. nullptr where a

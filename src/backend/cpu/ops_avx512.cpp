@@ -15,7 +15,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_weights_avx512.h"  // avx512::transpose16
-#include "kv/k_tiles.h"
+#include "backend/k_tiles.h"
 
 namespace specdec {
 namespace {
@@ -393,7 +393,7 @@ void attn_scores_avx512(const float* packed, int n_q, const float* k, int64_t k_
 }
 
 // --- attention scores from f16 K tiles -----------------------------------------------------
-// K in tiles of 16 slots (kv/k_tiles.h): one load and one conversion give dim d of 16 slots.
+// K in tiles of 16 slots (backend/k_tiles.h): one load and one conversion give dim d of 16 slots.
 // Lanes hold the slots; for row r and dim d = 4m + p, phase accumulator p of a slot vector takes
 // fma(q[r][d], k[slot][d], acc_p) in order m = 0, 1, .., and the score is
 // (acc_0 + acc_1) + (acc_2 + acc_3): per score exactly the sequence of scores_block (lane (r, p)

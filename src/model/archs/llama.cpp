@@ -11,6 +11,8 @@
 //     xn   = rmsnorm(x) * ffn_norm
 //     x   += (silu(xn·Wgateᵀ) * xn·Wupᵀ)·Wdownᵀ
 //   logits = rmsnorm(x[output_rows]) * output_norm · Woutᵀ
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -56,7 +58,9 @@ class LlamaModel final : public Model {
 
   int64_t weight_bytes() const override { return weight_bytes_; }
   int64_t matmul_flops_per_token() const override { return flops_per_token_; }
-  ForwardResult forward(KvCache& kv, const ForwardBatch& batch, ThreadPool* pool) override;
+  using Model::forward;
+  ForwardResult forward(std::span<const SeqBatch> seqs, ThreadPool* pool,
+                        ForwardScratch* scratch) override;
 
  private:
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool count = true);
@@ -75,22 +79,6 @@ class LlamaModel final : public Model {
   std::vector<PackedWeights> packed_;  // owners of every `packed` pointer above
   int64_t weight_bytes_ = 0;
   int64_t flops_per_token_ = 0;
-
-  // Scratch, grown to the largest batch seen; the hot path allocates nothing after warm-up.
-  std::vector<float> x_;       // [n, dim] residual stream
-  std::vector<float> xn_;      // [n, dim] normed input of a block
-  std::vector<float> q_;       // [n, q_dim]
-  std::vector<float> attn_;    // [n, q_dim]
-  std::vector<float> proj_;    // [n, dim] output of Wo / Wdown
-  std::vector<float> gate_;    // [n, ffn_dim]
-  std::vector<float> up_;      // [n, ffn_dim]
-  std::vector<float> k_new_;   // [n, kv_dim] the batch's K rows (after RoPE), then cached
-  std::vector<float> v_new_;   // [n, kv_dim] the batch's V rows, then cached
-  std::vector<float> qkv_;     // [n, q_dim + 2 kv_dim] output of the stacked Q/K/V matmul
-  std::vector<float> gate_up_;  // [n, 2 ffn_dim] output of the stacked gate/up matmul
-  std::vector<float> sel_;     // [n_out, dim] final-normed rows chosen for output
-  std::vector<float> rope_;    // [n, rope_dim / 2, 2] cos / sin of the batch's RoPE angles
-  std::vector<float> logits_;  // [n_out, n_vocab]
 };
 
 WeightMatrix LlamaModel::matrix(const std::string& name, int64_t rows, int64_t cols, bool count) {
@@ -247,10 +235,10 @@ T* grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, ThreadPool* pool) {
-  const ModelConfig& c = config_;
+// Checks one sequence's batch (throws specdec::Error, nothing written).
+void check_batch(const ModelConfig& c, const SeqBatch& sb) {
+  const ForwardBatch& batch = sb.batch;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  const int64_t n_past = kv.size();
   const int64_t n_out = static_cast<int64_t>(batch.output_rows.size());
   if (static_cast<int64_t>(batch.positions.size()) != n) {
     throw Error(fmt::format("forward: {} tokens but {} positions", n, batch.positions.size()));
@@ -258,9 +246,14 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
   if (!batch.mask.empty() && static_cast<int64_t>(batch.mask.size()) != n * n) {
     throw Error(fmt::format("forward: mask has {} entries, expected {}", batch.mask.size(), n * n));
   }
-  if (n_past + n > kv.capacity()) {
+  if (sb.kv.storage == nullptr || sb.kv.n_past < 0) throw Error("forward: no KV cache");
+  if (sb.kv.n_past + n > sb.kv.capacity()) {
     throw Error(fmt::format("forward: {} cached + {} new tokens exceed the context size {}",
-                            n_past, n, kv.capacity()));
+                            sb.kv.n_past, n, sb.kv.capacity()));
+  }
+  if (sb.kv.storage->n_layers() != c.n_layers || sb.kv.storage->n_kv_heads() != c.n_kv_heads ||
+      sb.kv.storage->head_dim() != c.head_dim) {
+    throw Error("forward: the KV cache has another model's shape");
   }
   for (int64_t i = 0; i < n; ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= c.n_vocab) {
@@ -275,34 +268,75 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
       throw Error("forward: output_rows must be increasing row indices of the batch");
     }
   }
+}
+
+// (query, visible slot) pairs of a sequence's attention: its cost.
+int64_t attention_pairs(const SeqBatch& sb) {
+  const auto n = static_cast<int64_t>(sb.batch.tokens.size());
+  return n * (sb.kv.n_past + n);
+}
+
+ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* pool,
+                                  ForwardScratch* scratch) {
+  const ModelConfig& c = config_;
+  ForwardScratch& sc = *scratch;
+  for (const SeqBatch& sb : seqs) check_batch(c, sb);
+  // Rows of the pass: the sequences' tokens one after the other.
+  const auto n_seqs = static_cast<int64_t>(seqs.size());
+  int64_t* offsets = grow(sc.offsets, n_seqs + 1);  // [n_seqs + 1]
+  offsets[0] = 0;
+  int64_t n_out = 0;
+  bool want_hidden = false;
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    offsets[si + 1] = offsets[si] + static_cast<int64_t>(seqs[si].batch.tokens.size());
+    n_out += static_cast<int64_t>(seqs[si].batch.output_rows.size());
+    want_hidden = want_hidden || seqs[si].batch.want_hidden;
+  }
+  const int64_t n = offsets[n_seqs];
   if (n == 0) return {};
 
-  float* x = grow(x_, n * c.dim);          // [n, dim]
-  float* xn = grow(xn_, n * c.dim);        // [n, dim]
-  float* q = grow(q_, n * c.q_dim());      // [n, q_dim]
-  float* attn = grow(attn_, n * c.q_dim());  // [n, q_dim]
-  float* proj = grow(proj_, n * c.dim);    // [n, dim]
-  float* gate = grow(gate_, n * c.ffn_dim);  // [n, ffn_dim]
-  float* up = grow(up_, n * c.ffn_dim);    // [n, ffn_dim]
-  float* k_new = grow(k_new_, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
-  float* v_new = grow(v_new_, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
-  const uint8_t* mask = batch.mask.empty() ? nullptr : batch.mask.data();
-
-  for (int64_t i = 0; i < n; ++i) dequantize_row(tok_embd_, batch.tokens[i], x + i * c.dim);
+  float* x = grow(sc.x, n * c.dim);              // [n, dim]
+  float* xn = grow(sc.xn, n * c.dim);            // [n, dim]
+  float* q = grow(sc.q, n * c.q_dim());          // [n, q_dim]
+  float* attn = grow(sc.attn, n * c.q_dim());    // [n, q_dim]
+  float* proj = grow(sc.proj, n * c.dim);        // [n, dim]
+  float* gate = grow(sc.gate, n * c.ffn_dim);    // [n, ffn_dim]
+  float* up = grow(sc.up, n * c.ffn_dim);        // [n, ffn_dim]
+  float* k_new = grow(sc.k_new, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
+  float* v_new = grow(sc.v_new, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
+  int32_t* positions = grow(sc.positions, n);     // [n]
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    const ForwardBatch& b = seqs[si].batch;
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      dequantize_row(tok_embd_, b.tokens[i], x + (offsets[si] + static_cast<int64_t>(i)) * c.dim);
+      positions[offsets[si] + static_cast<int64_t>(i)] = b.positions[i];
+    }
+  }
   dump("inp_embd", -1, x, n, c.dim);
 
-  AttentionShape shape;
-  shape.n_past = n_past;
-  shape.n_new = n;
-  shape.n_heads = c.n_heads;
-  shape.n_kv_heads = c.n_kv_heads;
-  shape.head_dim = c.head_dim;
-  shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const int64_t kv_row = c.kv_dim();
   // RoPE angles of the batch's positions, once for all layers.
-  float* cos_sin = grow(rope_, n * c.rope_dim);  // [n, rope_dim / 2, 2]
-  rope_angles(batch.positions.data(), n, c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
-              cos_sin);
+  float* cos_sin = grow(sc.rope, n * c.rope_dim);  // [n, rope_dim / 2, 2]
+  rope_angles(positions, n, c.rope_dim, c.rope_freq_base, c.rope_freq_scale, cos_sin);
+  // Sequences whose attention is more than a thread's share of the pass's run one after the
+  // other on all threads; the others are tasks, one sequence per thread at a time (largest
+  // first). The same bits either way (attention does not depend on how its work is split).
+  const int threads = pool == nullptr ? 1 : pool->size();
+  std::vector<int64_t>& order = sc.attn_order;  // sequences by attention pairs, largest first
+  order.resize(static_cast<size_t>(n_seqs));
+  int64_t total_pairs = 0;
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    order[si] = si;
+    total_pairs += attention_pairs(seqs[si]);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return attention_pairs(seqs[a]) > attention_pairs(seqs[b]);
+  });
+  int64_t n_big = 0;  // order[0, n_big): run on all threads
+  while (n_big < n_seqs && (n_seqs == 1 || threads == 1 ||
+                            attention_pairs(seqs[order[n_big]]) * threads > total_pairs)) {
+    ++n_big;
+  }
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -315,7 +349,7 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     dump("attn_norm", l, xn, n, c.dim);
     const bool stacked_qkv = w.qkv.packed != nullptr && active_isa() == Isa::kAvx512;
     const int64_t width = c.q_dim() + 2 * kv_row;
-    float* qkv = stacked_qkv ? grow(qkv_, n * width) : nullptr;  // [n, q_dim + 2 kv_dim]
+    float* qkv = stacked_qkv ? grow(sc.qkv, n * width) : nullptr;  // [n, q_dim + 2 kv_dim]
     if (stacked_qkv) {
       matmul(w.qkv, xn, n, qkv, pool);
     } else {
@@ -340,19 +374,46 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     dump("q_rope", l, q, n, c.q_dim());
     dump("k_rope", l, k_new, n, kv_row);
     dump("v", l, v_new, n, kv_row);
-    kv.write(l, n_past, n, k_new, v_new);  // slots [n_past, n_past + n), in the cache's type
-    if (solo_attention(n, n_past, pool)) {
+    // Each sequence's new K/V into its slots [n_past, n_past + n_new), in the cache's type.
+    for (int64_t si = 0; si < n_seqs; ++si) {
+      const SeqKv& kv = seqs[si].kv;
+      kv.storage->write(l, kv.table, kv.n_past, offsets[si + 1] - offsets[si],
+                        k_new + offsets[si] * kv_row, v_new + offsets[si] * kv_row);
+    }
+    // Attention of sequence si over its own cache, on `on` (null: the calling thread alone).
+    auto seq_attention = [&](int64_t si, ThreadPool* on) {
+      const SeqBatch& sb = seqs[si];
+      AttentionShape shape;
+      shape.n_past = sb.kv.n_past;
+      shape.n_new = offsets[si + 1] - offsets[si];
+      shape.n_heads = c.n_heads;
+      shape.n_kv_heads = c.n_kv_heads;
+      shape.head_dim = c.head_dim;
+      shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+      const uint8_t* mask = sb.batch.mask.empty() ? nullptr : sb.batch.mask.data();
+      attention(shape, q + offsets[si] * c.q_dim(), sb.kv.storage->view(l, sb.kv.table.data()),
+                mask, attn + offsets[si] * c.q_dim(), on);
+    };
+    if (n_seqs == 1 && solo_attention(n, seqs[0].kv.n_past, pool)) {
       // Little attention work: thread 0 does it alone (cheaper than sharing it), the other
       // threads meanwhile bring the start of their stretch of wo into their caches.
       pool->run([&](int ti, int nt) {
         if (ti == 0) {
-          attention(shape, q, kv.k(l), kv.v(l), kv.type(), mask, attn, nullptr);
+          seq_attention(0, nullptr);
         } else {
           matmul_prefetch(w.wo, ti, nt, kSoloPrefetchBytes);
         }
       });
     } else {
-      attention(shape, q, kv.k(l), kv.v(l), kv.type(), mask, attn, pool);
+      for (int64_t k = 0; k < n_big; ++k) seq_attention(order[k], pool);
+      if (n_big < n_seqs) {
+        std::atomic<int64_t> next{n_big};
+        pool->run([&](int, int) {
+          for (int64_t k = next.fetch_add(1); k < n_seqs; k = next.fetch_add(1)) {
+            seq_attention(order[k], nullptr);
+          }
+        });
+      }
     }
     dump("attn_out", l, attn, n, c.q_dim());
     matmul(w.wo, attn, n, proj, pool);
@@ -363,7 +424,7 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     });
     dump("attn_residual", l, x, n, c.dim);
     if (w.gate_up.packed != nullptr && active_isa() == Isa::kAvx512) {
-      float* gu = grow(gate_up_, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim] gate | up
+      float* gu = grow(sc.gate_up, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim] gate | up
       matmul(w.gate_up, xn, n, gu, pool);
       if (dump_) {  // the activations exist as floats only for a dump
         for (int64_t i = 0; i < n; ++i) {
@@ -394,22 +455,24 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
     });
     dump("layer_out", l, x, n, c.dim);
   }
-  kv.append(n);
 
   ForwardResult result;
   if (n_out == 0) return result;
-  float* sel = grow(sel_, n_out * c.dim);  // [n_out, dim]
-  for (int64_t r = 0; r < n_out; ++r) {
-    const float* src = x + static_cast<int64_t>(batch.output_rows[r]) * c.dim;
-    std::copy(src, src + c.dim, sel + r * c.dim);
+  float* sel = grow(sc.sel, n_out * c.dim);  // [n_out, dim]
+  int64_t r_out = 0;
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    for (int32_t row : seqs[si].batch.output_rows) {
+      const float* src = x + (offsets[si] + row) * c.dim;
+      std::copy(src, src + c.dim, sel + r_out++ * c.dim);
+    }
   }
   rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
   dump("result_norm", -1, sel, n_out, c.dim);
-  float* logits = grow(logits_, n_out * c.n_vocab);  // [n_out, n_vocab]
+  float* logits = grow(sc.logits, n_out * c.n_vocab);  // [n_out, n_vocab]
   matmul(output_, sel, n_out, logits, pool);
   dump("result_output", -1, logits, n_out, c.n_vocab);
   result.logits = {logits, static_cast<size_t>(n_out * c.n_vocab)};
-  if (batch.want_hidden) result.hidden = {sel, static_cast<size_t>(n_out * c.dim)};
+  if (want_hidden) result.hidden = {sel, static_cast<size_t>(n_out * c.dim)};
   return result;
 }
 
@@ -417,6 +480,13 @@ ForwardResult LlamaModel::forward(KvCache& kv, const ForwardBatch& batch, Thread
 
 Model::Model(std::unique_ptr<GgufFile> file, ModelConfig config)
     : file_(std::move(file)), config_(std::move(config)) {}
+
+ForwardResult Model::forward(KvCache& kv, const ForwardBatch& batch, ThreadPool* pool) {
+  const SeqBatch seq{kv.seq(), batch};
+  const ForwardResult result = forward({&seq, 1}, pool, &scratch_);
+  kv.append(static_cast<int64_t>(batch.tokens.size()));
+  return result;
+}
 
 KvCache Model::make_kv_cache(int64_t capacity, KvType type) const {
   return KvCache(config_.n_layers, config_.n_kv_heads, config_.head_dim, capacity, type);

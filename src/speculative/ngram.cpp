@@ -1,4 +1,4 @@
-#include "spec/ngram.h"
+#include "speculative/ngram.h"
 
 #include <algorithm>
 

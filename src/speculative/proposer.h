@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <span>
 
-#include "spec/token_tree.h"
+#include "speculative/token_tree.h"
 
 namespace specdec {
 

@@ -1,4 +1,4 @@
-#include "sample/verifier.h"
+#include "speculative/verifier.h"
 
 #include <algorithm>
 

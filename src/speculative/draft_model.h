@@ -11,7 +11,7 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "sample/sampler.h"
-#include "spec/proposer.h"
+#include "speculative/proposer.h"
 
 namespace specdec {
 

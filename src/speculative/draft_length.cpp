@@ -1,4 +1,4 @@
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 #include <algorithm>
 #include <cmath>

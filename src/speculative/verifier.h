@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "sample/sampler.h"
-#include "spec/token_tree.h"
+#include "speculative/token_tree.h"
 
 namespace specdec {
 

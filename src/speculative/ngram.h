@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "spec/proposer.h"
+#include "speculative/proposer.h"
 
 namespace specdec {
 

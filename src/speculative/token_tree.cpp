@@ -1,4 +1,4 @@
-#include "spec/token_tree.h"
+#include "speculative/token_tree.h"
 
 #include <algorithm>
 

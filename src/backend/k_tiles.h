@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "kv/kv_type.h"
+#include "backend/kv_type.h"
 
 namespace specdec {
 

@@ -1,0 +1,165 @@
+#include "kv/paged_kv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/ops.h"  // f32_to_f16, f16_to_f32
+#include "backend/k_tiles.h"
+#include "util/check.h"
+
+namespace specdec {
+namespace {
+
+// Calls fn(offset, block, local, count) for the pieces of slots [slot, slot + n) that lie in one
+// block each, in slot order (offset = piece's first slot - slot).
+template <class F>
+void for_block_pieces(std::span<const int32_t> table, int64_t block_slots, int64_t slot, int64_t n,
+                      F&& fn) {
+  for (int64_t done = 0; done < n;) {
+    const int64_t s = slot + done;
+    const int64_t local = s % block_slots;
+    const int64_t count = std::min(n - done, block_slots - local);
+    fn(done, table[static_cast<size_t>(s / block_slots)], local, count);
+    done += count;
+  }
+}
+
+// Scratch of write / read: [n, n_kv_heads, head_dim] halves.
+uint16_t* halves_scratch(int64_t n) {
+  thread_local std::vector<uint16_t> halves;
+  if (halves.size() < static_cast<size_t>(n)) halves.resize(static_cast<size_t>(n));
+  return halves.data();
+}
+
+}  // namespace
+
+PagedKvStorage::PagedKvStorage(int n_layers, int n_kv_heads, int head_dim, int32_t n_blocks,
+                               int64_t block_slots, KvType type)
+    : n_layers_(n_layers),
+      n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      row_elems_(static_cast<int64_t>(n_kv_heads) * head_dim),
+      n_blocks_(n_blocks),
+      block_slots_(block_slots),
+      type_(type) {
+  SPECDEC_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && n_blocks > 0, "bad KV shape");
+  SPECDEC_CHECK(block_slots > 0 && block_slots % kKTileSlots == 0,
+                "KV block size must be a positive multiple of 16 slots");
+  // Zeroed (HugeBuffer): the tail of a partly filled tile is read (and discarded) by the
+  // attention kernels. Huge pages where the system allows (util/huge_pages.h): decode and
+  // verification read every layer's K/V rows once per step, as they read the weights.
+  const auto bytes = static_cast<size_t>(n_layers) * n_blocks * block_layer_bytes();
+  k_ = HugeBuffer(bytes);
+  v_ = HugeBuffer(bytes);
+}
+
+int32_t PagedKvStorage::blocks_in(int64_t bytes, int n_layers, int n_kv_heads, int head_dim,
+                                  int64_t block_slots, KvType type) {
+  const int64_t per_block = 2 * static_cast<int64_t>(n_layers) * block_slots * n_kv_heads *
+                            head_dim * static_cast<int64_t>(kv_type_bytes(type));
+  return static_cast<int32_t>(std::clamp<int64_t>(bytes / per_block, 0, INT32_MAX));
+}
+
+KvView PagedKvStorage::view(int layer, const int32_t* table) const {
+  KvView view;
+  view.k = k_block(layer, 0);
+  view.v = v_block(layer, 0);
+  view.type = type_;
+  view.block_slots = block_slots_;
+  view.k_block_bytes = block_layer_bytes();
+  view.v_block_bytes = block_layer_bytes();
+  view.table = table;
+  return view;
+}
+
+void PagedKvStorage::check_range(int layer, std::span<const int32_t> table, int64_t slot,
+                                 int64_t n) const {
+  SPECDEC_CHECK(layer >= 0 && layer < n_layers_ && slot >= 0 && n >= 0 &&
+                    slot + n <= static_cast<int64_t>(table.size()) * block_slots_,
+                "KV access outside the sequence's blocks");
+}
+
+void PagedKvStorage::write(int layer, std::span<const int32_t> table, int64_t slot, int64_t n,
+                           const float* k, const float* v) {
+  check_range(layer, table, slot, n);
+  const size_t row_bytes = static_cast<size_t>(row_elems_) * kv_type_bytes(type_);
+  uint16_t* k_halves = type_ == KvType::kF16 ? halves_scratch(n * row_elems_) : nullptr;
+  if (k_halves != nullptr) f32_to_f16(k, n * row_elems_, k_halves);  // [n, n_kv_heads, head_dim]
+  for_block_pieces(table, block_slots_, slot, n,
+                   [&](int64_t o, int32_t block, int64_t local, int64_t count) {
+    SPECDEC_DCHECK(block >= 0 && block < n_blocks_, "KV block id out of range");
+    const int64_t elems = count * row_elems_;
+    uint8_t* v_dst = v_block(layer, block) + local * row_bytes;
+    if (type_ == KvType::kF32) {
+      std::memcpy(k_block(layer, block) + local * row_bytes, k + o * row_elems_,
+                  static_cast<size_t>(elems) * sizeof(float));
+      std::memcpy(v_dst, v + o * row_elems_, static_cast<size_t>(elems) * sizeof(float));
+    } else {
+      k_rows_to_tiles(k_halves + o * row_elems_, local, count, n_kv_heads_, head_dim_,
+                      reinterpret_cast<uint16_t*>(k_block(layer, block)));
+      f32_to_f16(v + o * row_elems_, elems, reinterpret_cast<uint16_t*>(v_dst));
+    }
+  });
+}
+
+void PagedKvStorage::read(int layer, std::span<const int32_t> table, int64_t slot, int64_t n,
+                          float* k, float* v) const {
+  check_range(layer, table, slot, n);
+  const size_t row_bytes = static_cast<size_t>(row_elems_) * kv_type_bytes(type_);
+  for_block_pieces(table, block_slots_, slot, n,
+                   [&](int64_t o, int32_t block, int64_t local, int64_t count) {
+    const int64_t elems = count * row_elems_;
+    if (v != nullptr) {
+      const uint8_t* src = v_block(layer, block) + local * row_bytes;
+      if (type_ == KvType::kF32) {
+        std::memcpy(v + o * row_elems_, src, static_cast<size_t>(elems) * sizeof(float));
+      } else {
+        f16_to_f32(reinterpret_cast<const uint16_t*>(src), elems, v + o * row_elems_);
+      }
+    }
+    if (k == nullptr) return;
+    if (type_ == KvType::kF32) {
+      std::memcpy(k + o * row_elems_, k_block(layer, block) + local * row_bytes,
+                  static_cast<size_t>(elems) * sizeof(float));
+      return;
+    }
+    // Tiles -> rows of halves [count, n_kv_heads, head_dim], then -> float.
+    const auto* tiles = reinterpret_cast<const uint16_t*>(k_block(layer, block));
+    uint16_t* rows = halves_scratch(elems);
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      k_tiles_to_head_rows(tiles, local, count, h, n_kv_heads_, head_dim_,
+                           rows + static_cast<int64_t>(h) * head_dim_, row_elems_);
+    }
+    f16_to_f32(rows, elems, k + o * row_elems_);
+  });
+}
+
+void PagedKvStorage::copy_slot(std::span<const int32_t> table, int64_t from, int64_t to) {
+  check_range(0, table, std::max(from, to), 1);
+  SPECDEC_CHECK(from >= 0 && to >= 0, "KV copy_slot: negative slot");
+  if (from == to) return;
+  const size_t row_bytes = static_cast<size_t>(row_elems_) * kv_type_bytes(type_);
+  const int32_t from_block = table[static_cast<size_t>(from / block_slots_)];
+  const int32_t to_block = table[static_cast<size_t>(to / block_slots_)];
+  const int64_t from_local = from % block_slots_, to_local = to % block_slots_;
+  for (int layer = 0; layer < n_layers_; ++layer) {
+    if (k_tiled(type_)) {
+      const auto* src = reinterpret_cast<const uint16_t*>(k_block(layer, from_block));
+      auto* dst = reinterpret_cast<uint16_t*>(k_block(layer, to_block));
+      for (int h = 0; h < n_kv_heads_; ++h) {
+        for (int d = 0; d < head_dim_; ++d) {
+          dst[k_tile_index(to_local, h, d, n_kv_heads_, head_dim_)] =
+              src[k_tile_index(from_local, h, d, n_kv_heads_, head_dim_)];
+        }
+      }
+    } else {
+      std::memcpy(k_block(layer, to_block) + to_local * row_bytes,
+                  k_block(layer, from_block) + from_local * row_bytes, row_bytes);
+    }
+    std::memcpy(v_block(layer, to_block) + to_local * row_bytes,
+                v_block(layer, from_block) + from_local * row_bytes, row_bytes);
+  }
+}
+
+}  // namespace specdec
