@@ -1,0 +1,177 @@
+// The engine (public API): many requests decoded together, one scheduled step at a time.
+//
+//   submit(request) -> id      validated here: a bad request is refused with a reason (a value,
+//                              no exception), nothing else changes
+//   step()                     one iteration: the scheduler picks {sequence: tokens} under the
+//                              token budget (prompt chunks, decode tokens, draft trees), one model
+//                              pass runs them all, each sequence verifies / samples its tokens
+//                              and streams them to its callback
+//   cancel(id)                 the request ends (reason kCancelled) and its KV blocks are free
+//                              by the end of the next step
+//   start() / stop()           a loop thread that steps while other threads submit and cancel
+//
+// Every request's output is the one it gets alone: greedy identical token for token, sampled
+// identical for the same seed, whatever else runs beside it, however the machine is loaded
+// (no policy reads a clock). Callbacks run on the thread that calls step() (the loop thread).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "specdec/sampling_params.h"
+
+namespace specdec {
+
+class Model;
+class Tokenizer;
+class ThreadPool;
+
+// Speculative decoding of one request.
+enum class SpecMethod { kNone, kNgram, kDraft };
+
+struct SpecParams {
+  SpecMethod method = SpecMethod::kNone;
+  int num_draft = 8;      // draft tokens per step at most (the fixed length when !adaptive)
+  bool adaptive = true;   // draft length from acceptance statistics and the engine's cost model
+  int ngram_min = 1;      // n-gram: shortest and longest suffix matched
+  int ngram_max = 4;
+  int tree_width = 1;     // n-gram: continuations merged into a tree; draft: top-k branches
+  int tree_depth = 0;     // draft: levels that branch
+  float draft_p_min = 0;  // draft: stop when its top probability falls below this
+};
+
+enum class RequestState { kWaiting, kRunning, kFinished };
+
+enum class StopReason {
+  kNone,       // still running
+  kLength,     // max_tokens generated, or the context is full
+  kStop,       // a stop token or stop string
+  kCancelled,  // cancel() or the callback asked to stop
+  kError,      // the request failed (message in RequestOutput::error)
+};
+const char* stop_reason_name(StopReason r);
+
+struct RequestStats {
+  int64_t n_prompt = 0;           // prompt tokens
+  int64_t n_cached = 0;           // prompt tokens whose K/V came from the prefix cache (last admission)
+  int64_t n_computed = 0;         // tokens the target computed for this request (incl. recompute)
+  int64_t n_generated = 0;        // tokens emitted
+  int64_t n_passes = 0;           // target passes that produced tokens (decode steps)
+  int64_t n_drafted = 0;          // draft tokens verified
+  int64_t n_accepted = 0;         // draft tokens accepted
+  int64_t n_preempted = 0;        // times the request lost its blocks and was recomputed
+  int64_t first_token_step = -1;  // engine step that emitted the first token
+};
+
+// What one step produced for a request (delivered through Request::on_output).
+struct RequestOutput {
+  int64_t id = -1;
+  std::vector<int32_t> tokens;  // new tokens (a stop token included, nothing past a stop)
+  std::string text;             // new text, UTF-8 complete; text that could still become a stop
+                                // string is held back, nothing past a stop string is sent
+  bool finished = false;
+  StopReason reason = StopReason::kNone;
+  std::string error;            // reason kError
+  RequestStats stats;
+};
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids (chat template and BOS already applied)
+  SamplingParams sampling;
+  int max_tokens = 128;             // >= 1
+  std::vector<int32_t> stop_tokens;  // besides the model's end-of-generation tokens
+  std::vector<std::string> stop;     // stop strings (not part of the returned text)
+  bool ignore_eos = false;           // do not stop at the model's end-of-generation tokens
+  SpecParams spec;
+  // Called on the stepping thread with each step's new tokens and at the end (finished = true,
+  // exactly once). Returning false cancels the request.
+  std::function<bool(const RequestOutput&)> on_output;
+};
+
+struct EngineConfig {
+  int64_t kv_cache_mib = 256;   // KV pool size
+  int32_t kv_blocks = 0;        // > 0: exactly this many blocks instead (kv_cache_mib ignored)
+  int block_size = 16;          // token slots per KV block (a multiple of 16)
+  bool prefix_cache = true;     // reuse cached blocks of common prefixes
+  int max_batch_tokens = 512;   // tokens per step (prompt chunks + decode + draft tokens)
+  int max_seqs = 64;            // running sequences at most
+  int64_t max_context = 0;      // tokens per sequence; 0: the model's training context
+  std::string kv_type = "f16";  // K/V storage: f16 or f32
+  Model* draft_model = nullptr;  // for SpecMethod::kDraft (same vocabulary as the target)
+  // Relative cost of one more token in a pass (the cost model: a pass over n tokens costs
+  // 1 + verify_token_cost * (n - 1) passes of one token); from a calibration file, never a
+  // clock. 0.08 is what `specdec bench` measures on the 2-vCPU test machine (8 tokens ~1.6x).
+  double verify_token_cost = 0.08;
+};
+
+// Counters of the whole engine (cumulative unless noted).
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t requests_waiting = 0;  // now
+  int64_t requests_running = 0;  // now
+  int64_t requests_finished = 0;
+  int64_t tokens_prompt = 0;      // prompt tokens computed (not counting prefix-cache hits)
+  int64_t tokens_generated = 0;
+  int64_t tokens_computed = 0;    // all tokens through the model
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;     // now: referenced by live requests
+  int64_t kv_blocks_cached = 0;   // now: kept only for prefix reuse
+  int64_t kv_blocks_peak = 0;     // most blocks used at once
+  int64_t kv_pool_bytes = 0;
+  int64_t prefix_blocks_queried = 0;
+  int64_t prefix_blocks_hit = 0;
+  int64_t preemptions = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  int64_t spec_passes = 0;  // sequence-steps that verified drafts
+};
+
+struct SubmitResult {
+  int64_t id = -1;
+  std::string error;  // empty when accepted
+  bool ok() const { return error.empty(); }
+};
+
+class Engine {
+ public:
+  // The model (and draft model) and pool must outlive the engine; tokenizer may be null (no text
+  // in the outputs, no stop strings). Throws specdec::Error for a bad configuration (e.g. a pool
+  // too small for one block).
+  Engine(Model& model, const Tokenizer* tokenizer, ThreadPool* pool, const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe. Checks the request (prompt empty or longer than the context or the whole pool,
+  // max_tokens < 1, sampling parameters out of range, unknown token ids, draft without a draft
+  // model) and queues it; the reason names the limit.
+  SubmitResult submit(Request request);
+  // Thread-safe. False if no request ever had this id (a finished one: nothing happens).
+  bool cancel(int64_t id);
+
+  // One iteration over all running requests (not thread-safe against itself; do not call while
+  // the loop thread runs). Returns false when there was nothing to do.
+  bool step();
+  // Whether any request is waiting or running (thread-safe).
+  bool has_work() const;
+
+  // The loop thread: steps while there is work, sleeps otherwise. stop() cancels nothing: it
+  // returns after the current step.
+  void start();
+  void stop();
+
+  EngineStats stats() const;  // thread-safe
+  int32_t block_size() const;
+  int32_t num_blocks() const;
+  // Checks the KV bookkeeping (refcounts against block tables); for tests, between steps.
+  void check_invariants() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specdec

@@ -1,0 +1,653 @@
+// The engine: requests in, one scheduled model pass per step, tokens out.
+//
+// One step (DESIGN §1):
+//   0. take what other threads submitted and cancelled since the last step
+//   1. Scheduler::schedule -> {sequence: tokens} (decodes, prompt chunks, admissions; KV blocks
+//      reserved, preemption by recompute when the pool runs out)
+//   2. drafts: each decoding sequence with a proposer grows its TokenTree, as long as the budget
+//      left and the cost model say it pays (blocks reserved for the tree, or no drafts)
+//   3. Model::forward over every sequence's tokens at once (each with its own positions, mask
+//      and paged K/V)
+//   4. per sequence: a prompt chunk just advances; the end of a prompt samples the first token;
+//      a decode verifies its tree (Verifier), keeps the root and the accepted path in its KV
+//      (compacted into place), gives back the blocks of rejected drafts, and emits the accepted
+//      tokens and the target's own (stop tokens, stop strings, max_tokens and the context cut
+//      the emission, dropping any accepted tokens past the cut with their K/V)
+//   5. full blocks of computed tokens are registered for prefix reuse; finished sequences free
+//      their blocks; each request's callback gets its new tokens and text.
+#include "specdec/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "backend/kv_type.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "kv/paged_kv.h"
+#include "model/model.h"
+#include "speculative/draft_model.h"
+#include "speculative/ngram.h"
+#include "speculative/verifier.h"
+#include "tokenizer/tokenizer.h"
+#include "util/check.h"
+
+namespace specdec {
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::kNone: return "none";
+    case StopReason::kLength: return "length";
+    case StopReason::kStop: return "stop";
+    case StopReason::kCancelled: return "cancelled";
+    case StopReason::kError: return "error";
+  }
+  return "?";
+}
+
+class Engine::Impl {
+ public:
+  Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool, const EngineConfig& config);
+  ~Impl() { stop(); }
+
+  SubmitResult submit(Request request);
+  bool cancel(int64_t id);
+  bool step();
+  bool has_work() const { return work_.load() > 0; }
+  void start();
+  void stop();
+  EngineStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  int32_t block_size() const { return pool_->block_size(); }
+  int32_t num_blocks() const { return pool_->num_blocks(); }
+  void check_invariants() const;
+
+ private:
+  // Per scheduled sequence: its part of the pass.
+  struct Entry {
+    Sequence* seq = nullptr;
+    int64_t n_tokens = 0;            // base tokens (prompt chunk or the root)
+    bool tree = false;               // a decode step over seq->tree
+    std::vector<int32_t> positions;  // [n]
+    std::vector<uint8_t> mask;       // [n, n] tree mask, or empty (causal)
+    std::vector<int32_t> rows;       // output rows
+  };
+
+  std::string check_request(const Request& r) const;
+  std::unique_ptr<Sequence> make_sequence(int64_t id, Request request, std::string* error);
+  void plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_left);
+  // Emits one token; false when the sequence finished with it.
+  bool emit(Sequence& s, int32_t token);
+  void finish(Sequence& s, StopReason reason, std::string error = {});
+  void after_pass(Entry& e, std::span<const float> logits);
+  void deliver();
+  void take_incoming();
+  void update_stats();
+  int32_t sample_first(Sequence& s, std::span<const float> logits);
+
+  Model& model_;
+  const Tokenizer* tokenizer_;
+  ThreadPool* thread_pool_;
+  EngineConfig config_;
+  int64_t max_context_ = 0;
+  std::unique_ptr<PagedKvStorage> storage_;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<KvBlockManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  ForwardScratch scratch_;
+  Verifier verifier_;
+  VerifyResult verdict_;
+  std::vector<Entry> entries_;
+  std::vector<SeqBatch> batches_;
+  std::map<int64_t, std::unique_ptr<Sequence>> seqs_;  // admitted to the engine, not delivered
+  std::vector<Sequence*> touched_;                     // sequences with output this step
+  int64_t n_steps_ = 0;
+  int64_t next_arrival_ = 0;
+  int64_t peak_used_ = 0;
+
+  // Shared with other threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  std::vector<int64_t> cancels_;
+  int64_t next_id_ = 0;
+  std::atomic<int64_t> work_{0};  // requests submitted and not yet finished
+  EngineStats stats_;
+  std::thread loop_;
+  bool stopping_ = false;
+};
+
+Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
+                   const EngineConfig& config)
+    : model_(model), tokenizer_(tokenizer), thread_pool_(pool), config_(config) {
+  const ModelConfig& c = model.config();
+  if (config.block_size <= 0 || config.block_size % 16 != 0) {
+    throw Error(fmt::format("the KV block size must be a positive multiple of 16, got {}",
+                            config.block_size));
+  }
+  if (config.max_batch_tokens < 1) throw Error("--max-batch-tokens must be at least 1");
+  if (config.max_seqs < 1) throw Error("--max-seqs must be at least 1");
+  if (config.kv_cache_mib < 1 && config.kv_blocks < 1) {
+    throw Error("--kv-cache-mib must be at least 1");
+  }
+  const std::optional<KvType> type = parse_kv_type(config.kv_type);
+  if (!type) throw Error(fmt::format("unknown KV type '{}' (f16 or f32)", config.kv_type));
+  const int32_t n_blocks =
+      config.kv_blocks > 0
+          ? config.kv_blocks
+          : PagedKvStorage::blocks_in(config.kv_cache_mib << 20, c.n_layers, c.n_kv_heads,
+                                      c.head_dim, config.block_size, *type);
+  if (n_blocks < 1) {
+    throw Error(fmt::format("--kv-cache-mib {} holds no block of {} tokens for this model",
+                            config.kv_cache_mib, config.block_size));
+  }
+  storage_ = std::make_unique<PagedKvStorage>(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks,
+                                              config.block_size, *type);
+  pool_ = std::make_unique<BlockPool>(n_blocks, config.block_size, config.prefix_cache);
+  kv_ = std::make_unique<KvBlockManager>(storage_.get(), pool_.get());
+  SchedulerLimits limits;
+  limits.max_batch_tokens = config.max_batch_tokens;
+  limits.max_seqs = config.max_seqs;
+  scheduler_ = std::make_unique<Scheduler>(limits, kv_.get());
+  const int64_t model_ctx = c.n_ctx_train > 0 ? c.n_ctx_train : 4096;
+  max_context_ = config.max_context > 0 ? config.max_context : model_ctx;
+  stats_.kv_blocks_total = n_blocks;
+  stats_.kv_pool_bytes = storage_->bytes();
+}
+
+std::string Engine::Impl::check_request(const Request& r) const {
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  const int64_t pool_slots = static_cast<int64_t>(pool_->num_blocks()) * pool_->block_size();
+  if (n == 0) return "the prompt is empty (no tokens)";
+  if (n >= max_context_) {
+    return fmt::format(
+        "this model's maximum context length is {} tokens, your prompt has {} (the prompt and at "
+        "least one generated token must fit)",
+        max_context_, n);
+  }
+  if (n >= pool_slots) {
+    return fmt::format(
+        "the prompt has {} tokens but the whole KV pool holds {} ({} blocks of {}); raise "
+        "--kv-cache-mib",
+        n, pool_slots, pool_->num_blocks(), pool_->block_size());
+  }
+  const int n_vocab = model_.config().n_vocab;
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= n_vocab) {
+      return fmt::format("prompt token id {} is outside the vocabulary [0, {})", t, n_vocab);
+    }
+  }
+  for (int32_t t : r.stop_tokens) {
+    if (t < 0 || t >= n_vocab) {
+      return fmt::format("stop token id {} is outside the vocabulary [0, {})", t, n_vocab);
+    }
+  }
+  if (r.max_tokens < 1) {
+    return fmt::format("max_tokens must be at least 1, got {}", r.max_tokens);
+  }
+  try {
+    r.sampling.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  const SpecParams& sp = r.spec;
+  if (sp.method != SpecMethod::kNone) {
+    if (sp.num_draft < 0 || sp.num_draft > 64) {
+      return fmt::format("num_draft must be in [0, 64], got {}", sp.num_draft);
+    }
+    if (sp.tree_width < 1 || sp.tree_depth < 0) return "tree width must be >= 1, depth >= 0";
+  }
+  if (sp.method == SpecMethod::kNgram &&
+      (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min)) {
+    return fmt::format("n-gram sizes must satisfy 1 <= min <= max, got {}..{}", sp.ngram_min,
+                       sp.ngram_max);
+  }
+  if (sp.method == SpecMethod::kDraft && config_.draft_model == nullptr) {
+    return "speculation with a draft model needs a draft model loaded (--draft-model)";
+  }
+  if (!r.stop.empty() && tokenizer_ == nullptr) return "stop strings need a tokenizer";
+  return {};
+}
+
+std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request request,
+                                                      std::string* error) {
+  auto seq = std::make_unique<Sequence>(id, std::move(request));
+  Sequence& s = *seq;
+  const Request& r = s.request;
+  s.tokens = r.prompt;
+  s.n_prompt = static_cast<int64_t>(r.prompt.size());
+  const int64_t pool_slots = static_cast<int64_t>(pool_->num_blocks()) * pool_->block_size();
+  s.max_context = std::min(max_context_, pool_slots);
+  s.stats.n_prompt = s.n_prompt;
+  s.out.id = id;
+  if (tokenizer_ != nullptr) {
+    DecodeOptions options;
+    options.text_start = false;
+    s.detok.emplace(*tokenizer_, options);
+  }
+  s.stop_strings = StopStrings(r.stop);
+  try {
+    if (r.spec.method == SpecMethod::kNgram) {
+      NgramConfig c;
+      c.ngram_min = r.spec.ngram_min;
+      c.ngram_max = r.spec.ngram_max;
+      c.tree_width = r.spec.tree_width;
+      s.proposer = std::make_unique<NgramProposer>(c);
+    } else if (r.spec.method == SpecMethod::kDraft) {
+      DraftModelConfig c;
+      c.p_min = r.spec.draft_p_min;
+      c.sample = !r.sampling.greedy();
+      c.sampling = r.sampling;
+      c.branch_top_k = r.spec.tree_width;
+      c.branch_levels = r.spec.tree_depth;
+      s.proposer = std::make_unique<DraftModelProposer>(*config_.draft_model, model_, thread_pool_,
+                                                        s.max_context, c);
+    }
+  } catch (const Error& e) {
+    *error = e.what();
+    return nullptr;
+  }
+  if (s.proposer) {
+    DraftLengthConfig dl;
+    dl.max_draft = r.spec.num_draft;
+    dl.adaptive = r.spec.adaptive;
+    s.draft_length.emplace(dl);
+    s.proposer->begin(s.tokens, r.sampling.seed);
+  }
+  return seq;
+}
+
+SubmitResult Engine::Impl::submit(Request request) {
+  SubmitResult result;
+  result.error = check_request(request);
+  if (!result.ok()) return result;
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_id_++;
+  }
+  std::unique_ptr<Sequence> seq = make_sequence(id, std::move(request), &result.error);
+  if (!seq) return result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_.push_back(std::move(seq));
+    ++work_;
+  }
+  cv_.notify_all();
+  result.id = id;
+  return result;
+}
+
+bool Engine::Impl::cancel(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id < 0 || id >= next_id_) return false;
+  cancels_.push_back(id);
+  cv_.notify_all();
+  return true;
+}
+
+void Engine::Impl::take_incoming() {
+  std::deque<std::unique_ptr<Sequence>> incoming;
+  std::vector<int64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming.swap(incoming_);
+    cancels.swap(cancels_);
+  }
+  for (std::unique_ptr<Sequence>& s : incoming) {
+    s->arrival = next_arrival_++;
+    Sequence* p = s.get();
+    seqs_.emplace(p->id, std::move(s));
+    scheduler_->enqueue(p);
+  }
+  for (int64_t id : cancels) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end() || it->second->state == RequestState::kFinished) continue;
+    finish(*it->second, StopReason::kCancelled);
+  }
+}
+
+// The token after a whole prompt, exactly as single-sequence generation samples it.
+int32_t Engine::Impl::sample_first(Sequence& s, std::span<const float> logits) {
+  return s.sampler.sample(logits, s.tokens);
+}
+
+void Engine::Impl::finish(Sequence& s, StopReason reason, std::string error) {
+  if (s.state == RequestState::kFinished) return;
+  if (reason != StopReason::kStop && reason != StopReason::kCancelled &&
+      reason != StopReason::kError) {
+    s.out.text += s.stop_strings.flush();
+    if (s.detok) s.out.text += s.detok->flush();
+  } else if (reason == StopReason::kStop && !s.stop_strings.stopped()) {
+    s.out.text += s.stop_strings.flush();  // a stop token: held text is final
+  }
+  s.state = RequestState::kFinished;
+  s.out.finished = true;
+  s.out.reason = reason;
+  s.out.error = std::move(error);
+  scheduler_->remove(&s);  // frees its blocks
+  touched_.push_back(&s);
+}
+
+bool Engine::Impl::emit(Sequence& s, int32_t token) {
+  s.tokens.push_back(token);
+  s.out.tokens.push_back(token);
+  ++s.stats.n_generated;
+  if (s.stats.first_token_step < 0) s.stats.first_token_step = n_steps_;
+  const Request& r = s.request;
+  const bool eog = !r.ignore_eos && tokenizer_ != nullptr && tokenizer_->is_eog(token);
+  if (eog || std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end()) {
+    finish(s, StopReason::kStop);
+    return false;
+  }
+  if (s.detok) {
+    bool stopped = false;
+    s.out.text += s.stop_strings.push(s.detok->push(token), &stopped);
+    if (stopped) {
+      finish(s, StopReason::kStop);
+      return false;
+    }
+  }
+  if (s.n_generated() >= r.max_tokens ||
+      static_cast<int64_t>(s.tokens.size()) >= s.max_context) {
+    finish(s, StopReason::kLength);
+    return false;
+  }
+  return true;
+}
+
+// Drafts for the decoding sequences with a proposer, from the budget left. The cost model: a
+// pass over n tokens costs 1 + c·(n - 1) one-token passes (c = verify_token_cost, from a
+// calibration, never a clock). For a sequence alone, the adaptive controller weighs expected
+// accepted tokens against that cost; in a batch of B tokens the pass is shared, so a draft
+// token at depth j is kept only while its chance of acceptance, a^j (a: the sequence's running
+// per-token acceptance), is worth its share of the pass: a^j >= c·B / (1 + c·(B - 1)).
+void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_left) {
+  int64_t batch_tokens = 0;
+  int n_spec = 0;
+  for (const ScheduledSeq& p : plan) {
+    batch_tokens += p.n_tokens;
+    if (p.seq->decoding() && p.seq->proposer) ++n_spec;
+  }
+  const double c = config_.verify_token_cost;
+  const double threshold =
+      batch_tokens <= 1 ? 0.0 : c * batch_tokens / (1.0 + c * (batch_tokens - 1));
+  for (ScheduledSeq& p : plan) {
+    Sequence& s = *p.seq;
+    s.tree.reset(s.tokens.back());
+    if (!s.decoding() || !s.proposer || s.proposer->wants_hidden() || n_spec == 0) continue;
+    int64_t k = s.draft_length->next_length();
+    // Room: the tree's slots after the computed tokens, the tokens still allowed, the budget.
+    k = std::min<int64_t>(k, s.max_context - static_cast<int64_t>(s.tokens.size()) - 1);
+    k = std::min<int64_t>(k, s.request.max_tokens - s.n_generated() - 1);
+    k = std::min<int64_t>(k, budget_left / std::max(1, n_spec));
+    if (s.request.spec.adaptive && threshold > 0.0) {
+      const double a = s.draft_length->acceptance();
+      int64_t keep = 0;
+      for (double chance = a; keep < k && chance >= threshold; chance *= a) ++keep;
+      k = keep;
+    }
+    --n_spec;
+    if (k <= 0) continue;
+    DraftRequest req;
+    req.tokens = s.tokens;
+    req.max_tokens = static_cast<int>(k);
+    try {
+      s.proposer->propose(req, &s.tree);
+    } catch (const Error& e) {
+      finish(s, StopReason::kError, e.what());
+      continue;
+    }
+    SPECDEC_CHECK(s.tree.num_drafts() <= k, "proposer exceeded its draft budget");
+    if (!kv_->reserve(&s.table, s.n_computed + s.tree.size())) {
+      s.tree.reset(s.tokens.back());  // no blocks for the drafts: a plain step
+      continue;
+    }
+    budget_left -= s.tree.num_drafts();
+  }
+}
+
+void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
+  Sequence& s = *e.seq;
+  const int n_vocab = model_.config().n_vocab;
+  s.stats.n_computed += e.tree ? s.tree.size() : e.n_tokens;
+  if (!e.tree) {
+    s.n_computed += e.n_tokens;
+    // The end of the prompt (a recompute after preemption stops before the root instead).
+    if (!e.rows.empty()) emit(s, sample_first(s, logits));
+  } else {
+    const int n = s.tree.size();
+    verifier_.verify(s.tree, logits, n_vocab, s.tokens, s.sampler, &verdict_);
+    const auto n_acc = static_cast<int>(verdict_.accepted_nodes.size());
+    ++s.stats.n_passes;
+    if (n > 1) {
+      s.stats.n_drafted += n - 1;
+      s.stats.n_accepted += n_acc;
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.drafted += n - 1;
+      stats_.accepted += n_acc;
+      ++stats_.spec_passes;
+    }
+    if (s.draft_length && s.request.spec.adaptive) {
+      // Costs from the model, not a clock: the same decisions on any machine, under any load.
+      const double pass_cost = 1.0 + config_.verify_token_cost * (n - 1);
+      s.draft_length->record(n - 1, n_acc, 0.0, pass_cost, s.tree.max_depth());
+    }
+    // The root and the accepted path stay, compacted into place after the computed tokens.
+    const int64_t base = s.n_computed;
+    for (int i = 0; i < n_acc; ++i) {
+      storage_->copy_slot(s.table.blocks, base + verdict_.accepted_nodes[i], base + 1 + i);
+    }
+    s.n_computed = base + 1 + n_acc;
+    if (s.proposer) {
+      s.proposer->observe({verdict_.tokens.data(), static_cast<size_t>(n_acc)}, verdict_.bonus);
+    }
+    for (int32_t token : verdict_.tokens) {
+      if (!emit(s, token)) break;
+    }
+  }
+  if (s.state == RequestState::kFinished) return;
+  // Tokens cut by a stop are not kept; every computed token is an emitted one.
+  s.n_computed = std::min<int64_t>(s.n_computed, static_cast<int64_t>(s.tokens.size()));
+  kv_->commit(&s.table, s.tokens, s.n_computed);
+  kv_->shrink(&s.table, s.n_computed);  // blocks of rejected drafts go back
+}
+
+bool Engine::Impl::step() {
+  take_incoming();
+  std::vector<ScheduledSeq> plan;
+  int64_t budget_left = 0;
+  plan = scheduler_->schedule(&budget_left);
+  plan_drafts(plan, budget_left);
+  // Sequences finished while drafting drop out of the pass.
+  std::erase_if(plan, [](const ScheduledSeq& p) {
+    return p.seq->state == RequestState::kFinished;
+  });
+  const bool worked = !plan.empty() || !touched_.empty();
+  if (!plan.empty()) {
+    ++n_steps_;
+    entries_.resize(plan.size());
+    batches_.resize(plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Entry& e = entries_[i];
+      Sequence& s = *plan[i].seq;
+      e.seq = &s;
+      e.n_tokens = plan[i].n_tokens;
+      e.tree = s.decoding();
+      e.mask.clear();
+      e.rows.clear();
+      ForwardBatch& b = batches_[i].batch;
+      b = ForwardBatch{};
+      if (e.tree) {
+        const int n = s.tree.size();
+        s.tree.build_positions(s.n_computed, &e.positions);
+        if (!s.tree.is_chain()) s.tree.build_mask(&e.mask);
+        for (int r = 0; r < n; ++r) e.rows.push_back(r);
+        b.tokens = s.tree.tokens();
+      } else {
+        e.positions.resize(static_cast<size_t>(e.n_tokens));
+        for (int64_t t = 0; t < e.n_tokens; ++t) {
+          e.positions[t] = static_cast<int32_t>(s.n_computed + t);
+        }
+        if (s.n_computed + e.n_tokens == static_cast<int64_t>(s.tokens.size())) {
+          e.rows.push_back(static_cast<int32_t>(e.n_tokens - 1));
+        }
+        b.tokens = std::span<const int32_t>(s.tokens).subspan(
+            static_cast<size_t>(s.n_computed), static_cast<size_t>(e.n_tokens));
+      }
+      b.positions = e.positions;
+      b.mask = e.mask;
+      b.output_rows = e.rows;
+      batches_[i].kv = kv_->seq_kv(s.table, s.n_computed);
+    }
+    const ForwardResult r = model_.forward(batches_, thread_pool_, &scratch_);
+    const int n_vocab = model_.config().n_vocab;
+    size_t row = 0;
+    int64_t computed = 0;
+    for (Entry& e : entries_) {
+      const std::span<const float> logits =
+          r.logits.subspan(row * n_vocab, e.rows.size() * static_cast<size_t>(n_vocab));
+      row += e.rows.size();
+      computed += static_cast<int64_t>(batches_[&e - entries_.data()].batch.tokens.size());
+      try {
+        after_pass(e, logits);
+      } catch (const Error& err) {
+        finish(*e.seq, StopReason::kError, err.what());
+      }
+      touched_.push_back(e.seq);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.tokens_computed += computed;
+    for (const Entry& e : entries_) {
+      if (!e.tree) stats_.tokens_prompt += e.n_tokens;
+    }
+  }
+  deliver();
+  update_stats();
+  return worked;
+}
+
+void Engine::Impl::deliver() {
+  std::sort(touched_.begin(), touched_.end());
+  touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+  std::vector<Sequence*> touched;
+  touched.swap(touched_);
+  for (Sequence* s : touched) {
+    if (s->out.tokens.empty() && s->out.text.empty() && !s->out.finished) continue;
+    s->out.stats = s->stats;
+    bool keep_going = true;
+    if (s->request.on_output) keep_going = s->request.on_output(s->out);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.tokens_generated += static_cast<int64_t>(s->out.tokens.size());
+    }
+    s->out.tokens.clear();
+    s->out.text.clear();
+    if (!keep_going && !s->out.finished) {
+      finish(*s, StopReason::kCancelled);
+      s->out.stats = s->stats;
+      touched_.clear();
+      if (s->request.on_output) s->request.on_output(s->out);
+    }
+    if (s->out.finished) {
+      --work_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.requests_finished;
+      }
+      seqs_.erase(s->id);
+    }
+  }
+}
+
+void Engine::Impl::update_stats() {
+  peak_used_ = std::max<int64_t>(peak_used_, pool_->num_used());
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.requests_waiting = static_cast<int64_t>(scheduler_->waiting().size() + incoming_.size());
+  stats_.requests_running = static_cast<int64_t>(scheduler_->running().size());
+  stats_.kv_blocks_used = pool_->num_used();
+  stats_.kv_blocks_cached = pool_->num_cached();
+  stats_.kv_blocks_peak = peak_used_;
+  stats_.prefix_blocks_queried = pool_->num_blocks_queried();
+  stats_.prefix_blocks_hit = pool_->num_blocks_hit();
+  stats_.preemptions = scheduler_->preemptions();
+}
+
+void Engine::Impl::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (loop_.joinable()) return;
+  stopping_ = false;
+  loop_ = std::thread([this] {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] {
+          return stopping_ || !incoming_.empty() || !cancels_.empty() || work_.load() > 0;
+        });
+        if (stopping_) return;
+      }
+      step();
+    }
+  });
+}
+
+void Engine::Impl::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+}
+
+void Engine::Impl::check_invariants() const {
+  pool_->check_invariants();
+  // Every used block's refcount equals the number of tables holding it.
+  std::vector<int32_t> holders(static_cast<size_t>(pool_->num_blocks()), 0);
+  for (const auto& [id, s] : seqs_) {
+    for (int32_t b : s->table.blocks) ++holders[static_cast<size_t>(b)];
+    SPECDEC_CHECK(s->admitted || s->table.blocks.empty(), "a waiting sequence holds blocks");
+    if (s->admitted) {
+      SPECDEC_CHECK(static_cast<int64_t>(s->table.blocks.size()) >=
+                        kv_->blocks_for(s->n_computed),
+                    "a sequence's blocks do not cover its computed tokens");
+      SPECDEC_CHECK(s->n_computed < static_cast<int64_t>(s->tokens.size()),
+                    "a running sequence has nothing left to compute");
+    }
+  }
+  for (int32_t b = 0; b < pool_->num_blocks(); ++b) {
+    SPECDEC_CHECK(pool_->refcount(b) == holders[static_cast<size_t>(b)],
+                  "a block's refcount differs from the tables holding it");
+  }
+  SPECDEC_CHECK(static_cast<int64_t>(scheduler_->running().size()) <= config_.max_seqs,
+                "more running sequences than --max-seqs");
+}
+
+Engine::Engine(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
+               const EngineConfig& config)
+    : impl_(std::make_unique<Impl>(model, tokenizer, pool, config)) {}
+Engine::~Engine() = default;
+SubmitResult Engine::submit(Request request) { return impl_->submit(std::move(request)); }
+bool Engine::cancel(int64_t id) { return impl_->cancel(id); }
+bool Engine::step() { return impl_->step(); }
+bool Engine::has_work() const { return impl_->has_work(); }
+void Engine::start() { impl_->start(); }
+void Engine::stop() { impl_->stop(); }
+EngineStats Engine::stats() const { return impl_->stats(); }
+int32_t Engine::block_size() const { return impl_->block_size(); }
+int32_t Engine::num_blocks() const { return impl_->num_blocks(); }
+void Engine::check_invariants() const { impl_->check_invariants(); }
+
+}  // namespace specdec

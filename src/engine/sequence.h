@@ -1,0 +1,55 @@
+// One request inside the engine: its tokens, how many of them have K/V in its blocks, its
+// sampler, proposer and text stream. Owned by the engine; the scheduler reads and moves it
+// between the waiting and running lists.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/stop_strings.h"
+#include "kv/block_table.h"
+#include "sample/sampler.h"
+#include "speculative/draft_length.h"
+#include "speculative/proposer.h"
+#include "speculative/token_tree.h"
+#include "specdec/engine.h"
+#include "tokenizer/detokenizer.h"
+
+namespace specdec {
+
+struct Sequence {
+  int64_t id = -1;
+  int64_t arrival = 0;  // submission order: first come, first served; preempted last-come first
+  Request request;
+  RequestState state = RequestState::kWaiting;
+  std::vector<int32_t> tokens;  // [n_prompt + emitted] prompt, then every emitted token
+  int64_t n_prompt = 0;
+  int64_t n_computed = 0;       // tokens[0, n_computed) have their K/V in `table`
+  int64_t max_context = 0;      // tokens this sequence may hold (context and pool)
+  bool admitted = false;        // holds blocks (running)
+  BlockTable table;
+  Sampler sampler;
+  std::unique_ptr<Proposer> proposer;  // null: plain decoding
+  std::optional<DraftLengthController> draft_length;
+  TokenTree tree;               // this step's tokens when decoding (root + drafts)
+  std::optional<IncrementalDetokenizer> detok;
+  StopStrings stop_strings;
+  RequestStats stats;
+  RequestOutput out;            // what this step produced, delivered after the step
+  bool cancel_requested = false;
+
+  Sequence(int64_t id_, Request req)
+      : id(id_), request(std::move(req)), sampler(request.sampling) {}
+
+  int64_t n_generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
+  // Tokens whose K/V the next step must compute (>= 1 while running): prompt chunks, a
+  // recompute after preemption, or the one root token of a decode step.
+  int64_t n_uncomputed() const { return static_cast<int64_t>(tokens.size()) - n_computed; }
+  // A decode step: the root is the only uncomputed token and it was generated (drafts may
+  // follow it).
+  bool decoding() const { return n_uncomputed() == 1 && n_generated() > 0; }
+};
+
+}  // namespace specdec
