@@ -34,7 +34,7 @@ class KvCache {
   const void* v(int layer) const { return storage_.view(layer, table_).v; }
 
   // What a forward pass needs: the storage, the one-block table, size() cached slots.
-  SeqKv seq() { return SeqKv{&storage_, {table_, 1}, size_}; }
+  SeqKv seq() { return SeqKv{&storage_, {table_, 1}, size_, capacity_}; }
 
   // Stores the float rows k, v: [n, n_kv_heads, head_dim] at slots [slot, slot + n) of `layer`
   // (converted to type(), rounding to nearest even). slot + n <= capacity().

@@ -14,6 +14,7 @@
 // kernels read, and discard, the unused lanes of a partly filled tile).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -92,8 +93,11 @@ struct SeqKv {
   PagedKvStorage* storage = nullptr;
   std::span<const int32_t> table;
   int64_t n_past = 0;
+  int64_t max_slots = INT64_MAX;  // the sequence's context, if below what the table covers
 
-  int64_t capacity() const { return static_cast<int64_t>(table.size()) * storage->block_slots(); }
+  int64_t capacity() const {
+    return std::min(static_cast<int64_t>(table.size()) * storage->block_slots(), max_slots);
+  }
 };
 
 }  // namespace specdec

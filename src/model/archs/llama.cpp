@@ -251,6 +251,12 @@ void check_batch(const ModelConfig& c, const SeqBatch& sb) {
     throw Error(fmt::format("forward: {} cached + {} new tokens exceed the context size {}",
                             sb.kv.n_past, n, sb.kv.capacity()));
   }
+  for (int32_t block : sb.kv.table) {
+    if (block < 0 || block >= sb.kv.storage->n_blocks()) {
+      throw Error(fmt::format("forward: KV block id {} is outside the pool [0, {})", block,
+                              sb.kv.storage->n_blocks()));
+    }
+  }
   if (sb.kv.storage->n_layers() != c.n_layers || sb.kv.storage->n_kv_heads() != c.n_kv_heads ||
       sb.kv.storage->head_dim() != c.head_dim) {
     throw Error("forward: the KV cache has another model's shape");
