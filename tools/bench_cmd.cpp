@@ -5,6 +5,7 @@
 //                             (int8 dot products for quantized weights, fp32 FMA for float ones)
 //     flop_utilization_fp32_peak = the same against the fp32 FMA peak (the textbook FLOP peak)
 //   With --spec: the same prompts decoded plainly and speculatively (speedup, acceptance, ...).
+//   With --concurrency / --num-requests: the engine under load (bench_load.cpp).
 //   Both: verify_cost_ratio = time(pass over 8 new tokens) / time(pass over 1), the median of
 //     adjacent pairs; verify_cost_ratio_best = fastest 8-token pass / fastest 1-token pass.
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/roofline.h"
 #include "backend/cpu/thread_pool.h"
+#include "bench_load.h"
 #include "bench_spec.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -50,6 +52,7 @@ struct BenchOptions {
   SamplingParams sampling;
   int ctx_size = 4096;
   std::string kv_type = "f16";
+  LoadOptions load;  // --concurrency / --num-requests: the load mode (bench_load.h)
 };
 
 // FLOPs of one prefill pass over n tokens from an empty cache: every weight matmul for every
@@ -172,6 +175,24 @@ void roofline_bench(const BenchOptions& o, Model& model, ThreadPool& pool, nlohm
 }
 
 void run_bench(BenchOptions& o) {
+  if (load_mode_requested(o.load)) {
+    LoadBenchInput in;
+    in.model = o.model;
+    in.threads = o.threads;
+    in.prompts_file = o.prompts_file;
+    in.chat = o.chat;
+    in.sampling = o.sampling;
+    in.n_prompt = o.n_prompt;
+    in.n_gen = o.n_gen;
+    in.ctx_size = o.ctx_size;
+    in.kv_type = o.kv_type;
+    in.spec = o.spec;
+    in.repeats = o.prompt_repeats;
+    in.interleave = o.interleave;
+    in.json = o.output_format == "json";
+    run_load_bench(o.load, in);
+    return;
+  }
   const bool quiet = o.output_format == "json";
   const std::string path = resolve_model_path(o.model);
   std::unique_ptr<Model> model = load_model_with_progress(path, quiet);
@@ -303,6 +324,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   add_spec_options(cmd, &o->spec);
+  add_load_options(cmd, &o->load);
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -1,4 +1,5 @@
-// specdec generate: stream a completion (or a chat answer) to stdout, timings to stderr.
+// specdec generate: stream a completion (or a chat answer) to stdout, timings to stderr. Runs
+// the one request on the engine (paged KV, the same step as a batch of many).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -10,7 +11,7 @@
 #include "backend/cpu/thread_pool.h"
 #include "cli_common.h"
 #include "commands.h"
-#include "engine/generator.h"
+#include "engine_options.h"
 #include "spec_options.h"
 #include "model/gguf.h"
 #include "tokenizer/chat_template.h"
@@ -34,6 +35,7 @@ struct GenerateOptions {
   std::string output_format = "text";
   SamplingParams sampling;
   SpecOptions spec;
+  EngineOptions engine;
 };
 
 std::vector<int32_t> build_prompt(const Tokenizer& tok, const GenerateOptions& o) {
@@ -46,88 +48,102 @@ std::vector<int32_t> build_prompt(const Tokenizer& tok, const GenerateOptions& o
   return tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
 }
 
-void run_generate(GenerateOptions& o) {
+void run_generate(GenerateOptions& o, bool pool_size_given) {
   const bool json = o.output_format == "json";
   const std::string path = resolve_model_path(o.model);
   const auto t_load0 = std::chrono::steady_clock::now();
   std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/false);
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file());
-  const double load_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load0).count();
+  const double load_s = seconds_since(t_load0);
 
   const std::vector<int32_t> prompt = build_prompt(*tok, o);
   const int64_t ctx = std::min<int64_t>(o.ctx_size, model->config().n_ctx_train);
   ThreadPool pool(o.threads > 0 ? o.threads : default_threads());
-  Generator gen(*model, &pool, ctx, kv_type_from_option(o.kv_type));
   o.sampling.validate();
-  SpecSetup spec = make_spec(o.spec, *model, &pool, ctx, o.sampling, /*quiet=*/false);
+  std::string spec_desc;
+  Request request;
+  request.spec = make_spec_params(o.spec, &spec_desc);
+  std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false);
+  EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get());
+  if (!pool_size_given) {  // one request: a pool of exactly its context
+    config.kv_blocks = static_cast<int32_t>((ctx + config.block_size - 1) / config.block_size);
+  }
+  Engine engine(*model, tok.get(), &pool, config);
 
-  GenerationConfig config;
-  config.max_new_tokens = o.n_predict;
-  config.sampling = o.sampling;
-  if (!o.ignore_eos) config.stop_tokens = tok->eog_ids();
-  config.proposer = spec.proposer.get();
-  config.draft = spec.draft_length;
-
-  IncrementalDetokenizer detok(*tok, DecodeOptions{.text_start = false});
+  request.prompt = prompt;
+  request.sampling = o.sampling;
+  request.max_tokens = o.n_predict;
+  request.ignore_eos = o.ignore_eos;
   std::string text;
-  auto on_token = [&](int32_t t) {
-    if (!o.ignore_eos && tok->is_eog(t)) return true;  // not shown
-    const std::string piece = detok.push(t);
-    text += piece;
-    if (!json && !piece.empty()) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::vector<int32_t> out;
+  RequestOutput last;
+  auto t0 = std::chrono::steady_clock::now();
+  double first_token_s = -1;
+  request.on_output = [&](const RequestOutput& r) {
+    if (first_token_s < 0 && !r.tokens.empty()) first_token_s = seconds_since(t0);
+    out.insert(out.end(), r.tokens.begin(), r.tokens.end());
+    text += r.text;
+    if (!json && !r.text.empty()) {
+      std::fwrite(r.text.data(), 1, r.text.size(), stdout);
       std::fflush(stdout);
     }
+    if (r.finished) last = r;
     return true;
   };
-  GenerationStats st;
-  const std::vector<int32_t> out = gen.generate(prompt, config, on_token, &st);
-  const std::string tail = detok.flush();
-  text += tail;
-
-  const double prefill_tps = st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0;
-  const double decode_tps = st.decode_seconds > 0 ? st.n_generated / st.decode_seconds : 0;
+  if (o.n_predict == 0) {  // nothing to generate: the prompt is only checked
+    request.max_tokens = 1;
+    request.on_output = nullptr;
+  }
+  const SubmitResult submitted = engine.submit(std::move(request));
+  if (!submitted.ok()) throw Error(submitted.error);
+  while (o.n_predict > 0 && engine.has_work()) engine.step();
+  const double total_s = seconds_since(t0);
+  if (last.reason == StopReason::kError) throw Error(last.error);
+  const RequestStats& st = last.stats;
+  const double prefill_s = first_token_s < 0 ? total_s : first_token_s;
+  const double decode_s = total_s - prefill_s;
+  const double prefill_tps = prefill_s > 0 ? st.n_prompt / prefill_s : 0;
+  const double decode_tps = decode_s > 0 ? st.n_generated / decode_s : 0;
+  const double acceptance = st.n_drafted ? double(st.n_accepted) / st.n_drafted : 0.0;
+  const double tokens_per_pass =
+      st.n_passes ? double(st.n_accepted + st.n_passes) / st.n_passes : 0.0;
+  const std::string finish = o.n_predict == 0 ? "length" : stop_reason_name(last.reason);
   if (json) {
     nlohmann::json j;
     j["prompt_tokens"] = prompt;
     j["tokens"] = out;
     j["text"] = text;
-    j["finish_reason"] = finish_reason_name(st.finish);
+    j["finish_reason"] = finish;
     j["timings"] = {{"load_s", load_s},
                     {"prompt_n", st.n_prompt},
-                    {"prefill_s", st.prefill_seconds},
+                    {"prefill_s", prefill_s},
                     {"prefill_tok_s", prefill_tps},
                     {"generated_n", st.n_generated},
-                    {"decode_s", st.decode_seconds},
+                    {"decode_s", decode_s},
                     {"decode_tok_s", decode_tps},
-                    {"target_passes", st.n_forward_passes}};
+                    {"target_passes", st.n_passes}};
     j["spec"] = {{"method", o.spec.spec},
-                 {"description", spec.description},
-                 {"target_passes", st.n_forward_passes},
+                 {"description", spec_desc},
+                 {"target_passes", st.n_passes},
                  {"drafted", st.n_drafted},
                  {"accepted", st.n_accepted},
-                 {"acceptance_rate", st.acceptance_rate()},
-                 {"mean_accepted_length", st.mean_accepted_length()},
-                 {"tokens_per_pass", st.tokens_per_pass()},
-                 {"draft_s", st.draft_seconds}};
+                 {"acceptance_rate", acceptance},
+                 {"tokens_per_pass", tokens_per_pass}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
-    std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::printf("\n");
     std::fflush(stdout);
     fmt::print(stderr,
                "\nprompt: {} tokens in {:.3f} s ({:.1f} tok/s) | generated: {} tokens, {} passes "
                "in {:.3f} s ({:.1f} tok/s) | finish: {}\n",
-               st.n_prompt, st.prefill_seconds, prefill_tps, st.n_generated, st.n_forward_passes,
-               st.decode_seconds, decode_tps, finish_reason_name(st.finish));
-    if (spec.proposer) {
+               st.n_prompt, prefill_s, prefill_tps, st.n_generated, st.n_passes, decode_s,
+               decode_tps, finish);
+    if (o.spec.spec != "none") {
       fmt::print(stderr,
-                 "speculation: {} | target passes {} | drafted {} | accepted {} ({:.1f}%) | mean "
-                 "accepted per verifying pass {:.2f} | tokens per pass {:.2f} | drafting {:.3f} s\n",
-                 spec.description, st.n_forward_passes, st.n_drafted, st.n_accepted,
-                 100 * st.acceptance_rate(), st.mean_accepted_length(), st.tokens_per_pass(),
-                 st.draft_seconds);
+                 "speculation: {} | target passes {} | drafted {} | accepted {} ({:.1f}%) | "
+                 "tokens per pass {:.2f}\n",
+                 spec_desc, st.n_passes, st.n_drafted, st.n_accepted, 100 * acceptance,
+                 tokens_per_pass);
     }
   }
 }
@@ -160,7 +176,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   add_spec_options(cmd, &o->spec);
-  cmd->callback([o] { run_generate(*o); });
+  add_engine_options(cmd, &o->engine);
+  cmd->callback([o, cmd] { run_generate(*o, cmd->count("--kv-cache-mib") > 0); });
 }
 
 }  // namespace specdec::cli

@@ -35,7 +35,9 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o) {
 
 namespace {
 
-void parse_tree(const std::string& s, int* width, int* depth) {
+}  // namespace
+
+void parse_tree_option(const std::string& s, int* width, int* depth) {
   *width = 1;
   *depth = 0;
   if (s.empty()) return;
@@ -49,17 +51,15 @@ void parse_tree(const std::string& s, int* width, int* depth) {
   *depth = d;
 }
 
-}  // namespace
 
-SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool, int64_t ctx_size,
-                    const SamplingParams& target_sampling, bool quiet) {
-  SpecSetup setup;
+DraftLengthConfig check_spec_options(const SpecOptions& o) {
+  DraftLengthConfig dl;
   if (o.ngram_min > o.ngram_max) {
     throw Error(fmt::format("--ngram-min {} is larger than --ngram-max {}", o.ngram_min, o.ngram_max));
   }
   if (o.num_draft == "auto") {
-    setup.draft_length.adaptive = true;
-    setup.draft_length.max_draft = o.num_draft_max;
+    dl.adaptive = true;
+    dl.max_draft = o.num_draft_max;
   } else {
     int n = -1;
     char extra = 0;
@@ -67,17 +67,29 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
       throw Error(fmt::format("--num-draft expects a number from 0 to 64 or 'auto', got '{}'",
                               o.num_draft));
     }
-    setup.draft_length.adaptive = false;
-    setup.draft_length.max_draft = n;
+    dl.adaptive = false;
+    dl.max_draft = n;
   }
   int width = 1, depth = 0;
-  parse_tree(o.tree, &width, &depth);
-  const std::string length_desc =
-      setup.draft_length.adaptive ? fmt::format("adaptive <= {}", setup.draft_length.max_draft)
-                                  : fmt::format("{} per step", setup.draft_length.max_draft);
+  parse_tree_option(o.tree, &width, &depth);
   if (o.spec != "draft" && !o.draft_model.empty()) {
     throw Error("--draft-model needs --spec draft");
   }
+  if (o.spec == "draft" && o.draft_model.empty()) {
+    throw Error("--spec draft needs --draft-model PATH");
+  }
+  return dl;
+}
+
+SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool, int64_t ctx_size,
+                    const SamplingParams& target_sampling, bool quiet) {
+  SpecSetup setup;
+  setup.draft_length = check_spec_options(o);
+  int width = 1, depth = 0;
+  parse_tree_option(o.tree, &width, &depth);
+  const std::string length_desc =
+      setup.draft_length.adaptive ? fmt::format("adaptive <= {}", setup.draft_length.max_draft)
+                                  : fmt::format("{} per step", setup.draft_length.max_draft);
   if (o.spec == "none") {
     setup.description = "none";
     return setup;

@@ -37,6 +37,12 @@ struct SpecSetup {
   std::string description;  // e.g. "ngram (n 1..4, chain, adaptive <= 8)"
 };
 
+// Validates the options (specdec::Error with the option's name when wrong); returns the
+// draft-length policy they ask for.
+DraftLengthConfig check_spec_options(const SpecOptions& o);
+// "WIDTH,DEPTH" of --tree (empty: 1, 0); specdec::Error when malformed.
+void parse_tree_option(const std::string& s, int* width, int* depth);
+
 // Validates the options (specdec::Error with the option's name when wrong) and builds the setup.
 SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool, int64_t ctx_size,
                     const SamplingParams& target_sampling, bool quiet);

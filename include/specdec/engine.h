@@ -41,6 +41,7 @@ struct SpecParams {
   int tree_width = 1;     // n-gram: continuations merged into a tree; draft: top-k branches
   int tree_depth = 0;     // draft: levels that branch
   float draft_p_min = 0;  // draft: stop when its top probability falls below this
+  float draft_temp = -1;  // draft: its sampling temperature; < 0: the request's
 };
 
 enum class RequestState { kWaiting, kRunning, kFinished };

@@ -247,8 +247,9 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
     } else if (r.spec.method == SpecMethod::kDraft) {
       DraftModelConfig c;
       c.p_min = r.spec.draft_p_min;
-      c.sample = !r.sampling.greedy();
       c.sampling = r.sampling;
+      if (r.spec.draft_temp >= 0) c.sampling.temperature = r.spec.draft_temp;
+      c.sample = !c.sampling.greedy();
       c.branch_top_k = r.spec.tree_width;
       c.branch_levels = r.spec.tree_depth;
       s.proposer = std::make_unique<DraftModelProposer>(*config_.draft_model, model_, thread_pool_,
