@@ -57,7 +57,8 @@ const char* stop_reason_name(StopReason r);
 
 struct RequestStats {
   int64_t n_prompt = 0;           // prompt tokens
-  int64_t n_cached = 0;           // prompt tokens whose K/V came from the prefix cache (last admission)
+  int64_t n_cached = 0;           // tokens whose K/V came from the prefix cache at the last
+                                  // admission (after a preemption, generated ones too)
   int64_t n_computed = 0;         // tokens the target computed for this request (incl. recompute)
   int64_t n_generated = 0;        // tokens emitted
   int64_t n_passes = 0;           // target passes that produced tokens (decode steps)
@@ -122,8 +123,8 @@ struct EngineStats {
   int64_t kv_blocks_cached = 0;   // now: kept only for prefix reuse
   int64_t kv_blocks_peak = 0;     // most blocks used at once
   int64_t kv_pool_bytes = 0;
-  int64_t prefix_blocks_queried = 0;
-  int64_t prefix_blocks_hit = 0;
+  int64_t prefix_blocks_queried = 0;  // whole blocks of admitted requests looked up ...
+  int64_t prefix_blocks_hit = 0;      // ... and found in the prefix cache
   int64_t preemptions = 0;
   int64_t drafted = 0;
   int64_t accepted = 0;

@@ -581,8 +581,8 @@ void Engine::Impl::update_stats() {
   stats_.kv_blocks_used = pool_->num_used();
   stats_.kv_blocks_cached = pool_->num_cached();
   stats_.kv_blocks_peak = peak_used_;
-  stats_.prefix_blocks_queried = pool_->num_blocks_queried();
-  stats_.prefix_blocks_hit = pool_->num_blocks_hit();
+  stats_.prefix_blocks_queried = kv_->prefix_blocks_queried();
+  stats_.prefix_blocks_hit = kv_->prefix_blocks_hit();
   stats_.preemptions = scheduler_->preemptions();
 }
 

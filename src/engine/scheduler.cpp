@@ -112,6 +112,9 @@ std::vector<ScheduledSeq> Scheduler::schedule(int64_t* budget_left) {
     s->admitted = true;
     s->state = RequestState::kRunning;
     s->stats.n_cached = cached;
+    if (kv_->pool().prefix_cache()) {
+      kv_->record_admission(static_cast<int64_t>(s->tokens.size()) - 1, cached);
+    }
     running_.insert(std::upper_bound(running_.begin(), running_.end(), s, by_arrival), s);
     plan.push_back({s, n});
     budget -= n;

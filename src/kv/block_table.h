@@ -40,6 +40,16 @@ class KvBlockManager {
   // A sequence starts (its table empty): takes the longest cached prefix of whole blocks of
   // tokens[0, limit) and returns how many tokens they hold (their K/V need not be computed).
   int64_t admit(std::span<const int32_t> tokens, int64_t limit, BlockTable* table);
+  // An admission that kept its blocks (the scheduler may give them back when it cannot reserve
+  // the rest): counts whole blocks looked up and found, for the prefix-cache hit rate (a request
+  // retried every step while it waits is counted once, when it is admitted).
+  void record_admission(int64_t tokens_looked_up, int64_t tokens_found) {
+    blocks_queried_ += tokens_looked_up / block_size();
+    blocks_hit_ += tokens_found / block_size();
+  }
+  int64_t prefix_blocks_queried() const { return blocks_queried_; }
+  int64_t prefix_blocks_hit() const { return blocks_hit_; }
+
   // Grows the table to cover n slots; all or nothing (false: the pool has too few blocks).
   bool reserve(BlockTable* table, int64_t n);
   // Blocks past the first n slots go back to the pool.
@@ -56,6 +66,8 @@ class KvBlockManager {
  private:
   PagedKvStorage* storage_;
   BlockPool* pool_;
+  int64_t blocks_queried_ = 0;
+  int64_t blocks_hit_ = 0;
 };
 
 }  // namespace specdec
