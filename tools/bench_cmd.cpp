@@ -25,6 +25,7 @@
 #include "backend/cpu/thread_pool.h"
 #include "bench_load.h"
 #include "bench_spec.h"
+#include "calibration.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "model/gguf.h"
@@ -44,6 +45,7 @@ struct BenchOptions {
   int verify_pairs = 40;
   int prompt_repeats = 1;
   bool interleave = false;
+  bool calibrate = false;
   std::string output_format = "text";
   SpecOptions spec;
   std::string prompts_file;
@@ -208,8 +210,38 @@ void run_bench(BenchOptions& o) {
   j["threads"] = threads;
   j["isa"] = isa_name(active_isa());
   j["kv_type"] = o.kv_type;
-  if (!spec.proposer) roofline_bench(o, *model, pool, j);
+  if (!spec.proposer && !o.calibrate) roofline_bench(o, *model, pool, j);
   const int verify_context = std::clamp(o.n_prompt, 1, c.n_ctx_train - 16);
+  if (o.calibrate) {  // only the cost model's constants, written for the engine commands
+    if (!quiet) fmt::print(stderr, "calibrating: 8-token vs 1-token pass at context {} ...\n",
+                           verify_context);
+    const VerifyCost verify = measure_verify_cost(*model, &pool, verify_context,
+                                                  o.verify_pairs, kv_type_from_option(o.kv_type));
+    Calibration cal;
+    cal.verify_cost_ratio = verify.ratio;
+    cal.verify_token_cost = std::max(0.0, (verify.ratio - 1.0) / 7.0);
+    cal.isa = isa_name(active_isa());
+    cal.threads = threads;
+    cal.context = verify_context;
+    cal.model = path;
+    cal.cpu = cpu_model_name();
+    const std::string file =
+        o.load.engine.calibration.empty() ? default_calibration_path() : o.load.engine.calibration;
+    write_calibration(file, cal);
+    j["calibration_file"] = file;
+    j["verify_cost_ratio"] = cal.verify_cost_ratio;
+    j["verify_token_cost"] = cal.verify_token_cost;
+    j["cpu"] = cal.cpu;
+    if (quiet) {
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      fmt::print("calibration ({}, {} kernels, {} threads, context {}): verify_cost_ratio {:.3f}, "
+                 "verify_token_cost {:.4f} -> {}\n",
+                 cal.cpu, cal.isa, threads, verify_context, cal.verify_cost_ratio,
+                 cal.verify_token_cost, file);
+    }
+    return;
+  }
   if (!quiet) fmt::print(stderr, "verify cost: 8-token vs 1-token pass at context {} ...\n", verify_context);
   const VerifyCost verify = measure_verify_cost(*model, &pool, verify_context, o.verify_pairs,
                                                 kv_type_from_option(o.kv_type));
@@ -308,6 +340,9 @@ void add_bench_command(CLI::App& app) {
                   "medians")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  cmd->add_flag("--calibrate", o->calibrate,
+                "Measure the engine cost model's constants (8-token vs 1-token pass at context "
+                "-p) and write them to --calibration FILE (default $SPECDEC_CACHE/calibration.json)");
   cmd->add_flag("--interleave", o->interleave,
                 "With --spec: run each plain/speculative pair step by step in turn (each mode "
                 "holds the machine from one emitted token to the next) instead of one after "

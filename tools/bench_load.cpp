@@ -572,7 +572,7 @@ void run_load_bench(const LoadOptions& o, const LoadBenchInput& in) {
   const int threads = in.threads > 0 ? in.threads : default_threads();
   ThreadPool pool(threads);
   const int64_t ctx = std::min<int64_t>(in.ctx_size, c.n_ctx_train > 0 ? c.n_ctx_train : 4096);
-  const EngineConfig config = make_engine_config(o.engine, in.kv_type, ctx, draft.get());
+  const EngineConfig config = make_engine_config(o.engine, in.kv_type, ctx, draft.get(), in.json);
   const Dataset ds = make_dataset(o, in, *tok, c.n_vocab, ctx, &num_requests);
 
   std::ofstream dump;

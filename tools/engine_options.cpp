@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "backend/cpu/cpu_features.h"
+#include "calibration.h"
 #include "cli_common.h"
 #include "util/check.h"
 
@@ -20,10 +22,13 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--max-seqs", o->max_seqs, "Requests running at once at most")
       ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  cmd->add_option("--calibration", o->calibration,
+                  "Cost-model constants from `specdec bench --calibrate` (default: "
+                  "$SPECDEC_CACHE/calibration.json when present)");
 }
 
 EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_type,
-                                int64_t max_context, Model* draft_model) {
+                                int64_t max_context, Model* draft_model, bool quiet) {
   if (o.block_size % 16 != 0) {
     throw Error(fmt::format("--block-size must be a multiple of 16, got {}", o.block_size));
   }
@@ -36,6 +41,19 @@ EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_ty
   c.max_context = max_context;
   c.kv_type = kv_type;
   c.draft_model = draft_model;
+  const bool explicit_file = !o.calibration.empty();
+  const std::string path = explicit_file ? o.calibration : default_calibration_path();
+  const std::optional<Calibration> cal = read_calibration(path);
+  if (explicit_file && !cal) throw Error(fmt::format("--calibration: no file {}", path));
+  const std::string isa = isa_name(active_isa());
+  if (cal && (explicit_file || cal->isa == isa)) {
+    c.verify_token_cost = cal->verify_token_cost;
+  } else if (!quiet && o.calibration.empty()) {
+    fmt::print(stderr,
+               "note: no calibration for the {} kernels ({}); the cost model uses its default "
+               "(verify_token_cost {:.3f}); run `specdec bench --calibrate` once\n",
+               isa, path, c.verify_token_cost);
+  }
   return c;
 }
 
