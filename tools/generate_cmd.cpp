@@ -69,6 +69,12 @@ void run_generate(GenerateOptions& o, bool pool_size_given) {
     config.kv_blocks = static_cast<int32_t>((ctx + config.block_size - 1) / config.block_size);
   }
   Engine engine(*model, tok.get(), &pool, config);
+  if (!json) {
+    const EngineStats es = engine.stats();
+    fmt::print(stderr, "KV pool: {} blocks of {} tokens ({:.1f} MiB, {}), prefix cache {}\n",
+               engine.num_blocks(), engine.block_size(), es.kv_pool_bytes / 1048576.0, o.kv_type,
+               config.prefix_cache ? "on" : "off");
+  }
 
   request.prompt = prompt;
   request.sampling = o.sampling;
