@@ -103,6 +103,10 @@ struct EngineConfig {
   int64_t max_context = 0;      // tokens per sequence; 0: the model's training context
   std::string kv_type = "f16";  // K/V storage: f16 or f32
   Model* draft_model = nullptr;  // for SpecMethod::kDraft (same vocabulary as the target)
+  // Blocks of the draft model's own KV pool (block_size slots each; the draft runs batched over
+  // the requests). 0: as many as the target's pool, but no more than max_seqs full draft
+  // contexts (every running request's draft cache fits).
+  int32_t draft_kv_blocks = 0;
   // Relative cost of one more token in a pass (the cost model: a pass over n tokens costs
   // 1 + verify_token_cost * (n - 1) passes of one token); from a calibration file, never a
   // clock. 0.08 is what `specdec bench` measures on the 2-vCPU test machine (8 tokens ~1.6x).

@@ -5,7 +5,8 @@
 //   1. Scheduler::schedule -> {sequence: tokens} (decodes, prompt chunks, admissions; KV blocks
 //      reserved, preemption by recompute when the pool runs out)
 //   2. drafts: each decoding sequence with a proposer grows its TokenTree, as long as the budget
-//      left and the cost model say it pays (blocks reserved for the tree, or no drafts)
+//      left and the cost model say it pays (blocks reserved for the tree, or no drafts); the
+//      draft-model requests all at once (BatchedDraftModel: one draft pass per depth)
 //   3. Model::forward over every sequence's tokens at once (each with its own positions, mask
 //      and paged K/V)
 //   4. per sequence: a prompt chunk just advances; the end of a prompt samples the first token;
@@ -35,6 +36,7 @@
 #include "kv/block_table.h"
 #include "kv/paged_kv.h"
 #include "model/model.h"
+#include "speculative/batched_draft.h"
 #include "speculative/draft_model.h"
 #include "speculative/ngram.h"
 #include "speculative/verifier.h"
@@ -87,6 +89,7 @@ class Engine::Impl {
   std::string check_request(const Request& r) const;
   std::unique_ptr<Sequence> make_sequence(int64_t id, Request request, std::string* error);
   void plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_left);
+  void reserve_tree(Sequence& s, int64_t max_drafts);
   // Emits one token; false when the sequence finished with it.
   bool emit(Sequence& s, int32_t token);
   void finish(Sequence& s, StopReason reason, std::string error = {});
@@ -105,11 +108,14 @@ class Engine::Impl {
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<KvBlockManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<BatchedDraftModel> drafter_;  // with config.draft_model
   ForwardScratch scratch_;
   Verifier verifier_;
   VerifyResult verdict_;
   std::vector<Entry> entries_;
   std::vector<SeqBatch> batches_;
+  std::vector<DraftJob> draft_jobs_;   // this step's draft-model jobs ...
+  std::vector<Sequence*> draft_seqs_;  // ... and their sequences
   std::map<int64_t, std::unique_ptr<Sequence>> seqs_;  // admitted to the engine, not delivered
   std::vector<Sequence*> touched_;                     // sequences with output this step
   int64_t n_steps_ = 0;
@@ -162,6 +168,17 @@ Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
   scheduler_ = std::make_unique<Scheduler>(limits, kv_.get());
   const int64_t model_ctx = c.n_ctx_train > 0 ? c.n_ctx_train : 4096;
   max_context_ = config.max_context > 0 ? config.max_context : model_ctx;
+  if (config.draft_model != nullptr) {
+    check_same_vocabulary(*config.draft_model, model);
+    int64_t draft_blocks = config.draft_kv_blocks;
+    if (draft_blocks <= 0) {
+      const int64_t ctx = draft_context(*config.draft_model, max_context_);
+      const int64_t per_seq = std::max<int64_t>(1, kv_->blocks_for(ctx));
+      draft_blocks = std::min<int64_t>(n_blocks, per_seq * config.max_seqs);
+    }
+    drafter_ = std::make_unique<BatchedDraftModel>(
+        *config.draft_model, pool, static_cast<int32_t>(draft_blocks), config.block_size);
+  }
   stats_.kv_blocks_total = n_blocks;
   stats_.kv_pool_bytes = storage_->bytes();
 }
@@ -245,27 +262,21 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
       c.tree_width = r.spec.tree_width;
       s.proposer = std::make_unique<NgramProposer>(c);
     } else if (r.spec.method == SpecMethod::kDraft) {
-      DraftModelConfig c;
-      c.p_min = r.spec.draft_p_min;
-      c.sampling = r.sampling;
-      if (r.spec.draft_temp >= 0) c.sampling.temperature = r.spec.draft_temp;
-      c.sample = !c.sampling.greedy();
-      c.branch_top_k = r.spec.tree_width;
-      c.branch_levels = r.spec.tree_depth;
-      s.proposer = std::make_unique<DraftModelProposer>(*config_.draft_model, model_, thread_pool_,
-                                                        s.max_context, c);
+      const DraftModelConfig c = draft_model_config(r);
+      DraftDecoder::validate(c);
+      s.draft_model = c;  // added to the drafter by the stepping thread (take_incoming)
     }
   } catch (const Error& e) {
     *error = e.what();
     return nullptr;
   }
-  if (s.proposer) {
+  if (s.speculates()) {
     DraftLengthConfig dl;
     dl.max_draft = r.spec.num_draft;
     dl.adaptive = r.spec.adaptive;
     s.draft_length.emplace(dl);
-    s.proposer->begin(s.tokens, r.sampling.seed);
   }
+  if (s.proposer) s.proposer->begin(s.tokens, r.sampling.seed);
   return seq;
 }
 
@@ -309,6 +320,9 @@ void Engine::Impl::take_incoming() {
   for (std::unique_ptr<Sequence>& s : incoming) {
     s->arrival = next_arrival_++;
     Sequence* p = s.get();
+    if (p->draft_model) {
+      drafter_->add(p->id, p->max_context, p->request.sampling.seed, *p->draft_model);
+    }
     seqs_.emplace(p->id, std::move(s));
     scheduler_->enqueue(p);
   }
@@ -338,6 +352,7 @@ void Engine::Impl::finish(Sequence& s, StopReason reason, std::string error) {
   s.out.reason = reason;
   s.out.error = std::move(error);
   scheduler_->remove(&s);  // frees its blocks
+  if (s.draft_model) drafter_->remove(s.id);
   touched_.push_back(&s);
 }
 
@@ -374,20 +389,26 @@ bool Engine::Impl::emit(Sequence& s, int32_t token) {
 // accepted tokens against that cost; in a batch of B tokens the pass is shared, so a draft
 // token at depth j is kept only while its chance of acceptance, a^j (a: the sequence's running
 // per-token acceptance), is worth its share of the pass: a^j >= c·B / (1 + c·(B - 1)).
+// A sequence's own proposer (n-gram) drafts at once and its budget share is what it drafted;
+// the draft-model sequences draft together after the loop (one BatchedDraftModel::propose), so
+// the budget counts their full draft lengths.
 void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_left) {
   int64_t batch_tokens = 0;
   int n_spec = 0;
   for (const ScheduledSeq& p : plan) {
     batch_tokens += p.n_tokens;
-    if (p.seq->decoding() && p.seq->proposer) ++n_spec;
+    if (p.seq->decoding() && p.seq->speculates()) ++n_spec;
   }
   const double c = config_.verify_token_cost;
   const double threshold =
       batch_tokens <= 1 ? 0.0 : c * batch_tokens / (1.0 + c * (batch_tokens - 1));
+  draft_jobs_.clear();
+  draft_seqs_.clear();
   for (ScheduledSeq& p : plan) {
     Sequence& s = *p.seq;
     s.tree.reset(s.tokens.back());
-    if (!s.decoding() || !s.proposer || s.proposer->wants_hidden() || n_spec == 0) continue;
+    if (!s.decoding() || !s.speculates() || n_spec == 0) continue;
+    if (s.proposer && s.proposer->wants_hidden()) continue;
     int64_t k = s.draft_length->next_length();
     // Room: the tree's slots after the computed tokens, the tokens still allowed, the budget.
     k = std::min<int64_t>(k, s.max_context - static_cast<int64_t>(s.tokens.size()) - 1);
@@ -401,6 +422,12 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     }
     --n_spec;
     if (k <= 0) continue;
+    if (s.draft_model) {
+      draft_jobs_.push_back(DraftJob{s.id, s.tokens, static_cast<int>(k), &s.tree});
+      draft_seqs_.push_back(&s);
+      budget_left -= k;
+      continue;
+    }
     DraftRequest req;
     req.tokens = s.tokens;
     req.max_tokens = static_cast<int>(k);
@@ -410,13 +437,25 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
       finish(s, StopReason::kError, e.what());
       continue;
     }
-    SPECDEC_CHECK(s.tree.num_drafts() <= k, "proposer exceeded its draft budget");
-    if (!kv_->reserve(&s.table, s.n_computed + s.tree.size())) {
-      s.tree.reset(s.tokens.back());  // no blocks for the drafts: a plain step
-      continue;
-    }
+    reserve_tree(s, k);
     budget_left -= s.tree.num_drafts();
   }
+  if (draft_jobs_.empty()) return;
+  try {
+    drafter_->propose(draft_jobs_);
+  } catch (const Error& e) {
+    for (Sequence* s : draft_seqs_) finish(*s, StopReason::kError, e.what());
+    return;
+  }
+  for (size_t i = 0; i < draft_jobs_.size(); ++i) {
+    reserve_tree(*draft_seqs_[i], draft_jobs_[i].max_tokens);
+  }
+}
+
+// Blocks for the sequence's drafted tree, or a plain step (the tree back to its root).
+void Engine::Impl::reserve_tree(Sequence& s, int64_t max_drafts) {
+  SPECDEC_CHECK(s.tree.num_drafts() <= max_drafts, "proposer exceeded its draft budget");
+  if (!kv_->reserve(&s.table, s.n_computed + s.tree.size())) s.tree.reset(s.tokens.back());
 }
 
 void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
@@ -634,6 +673,13 @@ void Engine::Impl::check_invariants() const {
   }
   SPECDEC_CHECK(static_cast<int64_t>(scheduler_->running().size()) <= config_.max_seqs,
                 "more running sequences than --max-seqs");
+  if (drafter_) {
+    drafter_->check_invariants();
+    for (const auto& [id, s] : seqs_) {
+      const bool live = s->draft_model && s->state != RequestState::kFinished;
+      SPECDEC_CHECK(drafter_->contains(id) == live, "a draft-model request's drafter state");
+    }
+  }
 }
 
 Engine::Engine(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,

@@ -1,7 +1,10 @@
-// Draft-model proposer: a second, smaller GGUF model with the target's vocabulary and its own KV
-// cache drafts a chain token by token (greedy, or sampled while keeping q for lossless
-// rejection sampling). It stops early when its confidence falls below p_min and can branch the
-// top-k alternatives at the first levels into a tree (as leaf siblings of the chain).
+// Draft-model proposer for one sequence: a second, smaller GGUF model with the target's
+// vocabulary and its own contiguous KV cache drafts a chain token by token (greedy, or sampled
+// while keeping q for lossless rejection sampling). It stops early when its confidence falls
+// below p_min and can branch the top-k alternatives at the first levels into a tree (as leaf
+// siblings of the chain); the decisions are DraftDecoder's (draft_decoder.h). The engine drafts
+// for all its sequences at once with BatchedDraftModel (batched_draft.h), which makes the same
+// trees.
 #pragma once
 
 #include <cstdint>
@@ -10,21 +13,12 @@
 
 #include "kv/kv_cache.h"
 #include "model/model.h"
-#include "sample/sampler.h"
+#include "speculative/draft_decoder.h"
 #include "speculative/proposer.h"
 
 namespace specdec {
 
 class ThreadPool;
-
-struct DraftModelConfig {
-  float p_min = 0.0f;      // stop drafting when the draft's top probability falls below this
-  bool sample = false;     // sample drafts from q (kept for verification) instead of greedy
-  SamplingParams sampling; // the draft's own sampling when `sample` (temperature, filters);
-                           // its seed is derived per sequence from the seed given to begin()
-  int branch_top_k = 1;    // > 1: also add the next-best k-1 tokens as leaf siblings ...
-  int branch_levels = 0;   // ... at the first branch_levels depths of the chain
-};
 
 class DraftModelProposer final : public Proposer {
  public:
@@ -42,14 +36,15 @@ class DraftModelProposer final : public Proposer {
 
   Model& draft_;
   ThreadPool* pool_;
-  DraftModelConfig config_;
   KvCache kv_;
-  Sampler sampler_;                // draft sampling (its Rng is the draft's own)
-  std::vector<int32_t> cached_;    // tokens in kv_, slot order
-  std::vector<int32_t> positions_;
-  std::vector<float> q_;           // [n_vocab]
-  std::vector<int32_t> order_;     // scratch for top-k
+  DraftDecoder decoder_;            // the drafting decision per depth
+  std::vector<int32_t> cached_;     // tokens in kv_, slot order
+  std::vector<int32_t> positions_;  // [uncached tokens] of sync()
 };
+
+// Slots of the draft's own cache for a sequence whose context is ctx_size tokens (the draft's
+// training context may be shorter).
+int64_t draft_context(const Model& draft, int64_t ctx_size);
 
 // Throws specdec::Error naming both files if the two models' vocabularies differ.
 void check_same_vocabulary(const Model& draft, const Model& target);

@@ -1,0 +1,173 @@
+#include "speculative/batched_draft.h"
+
+#include "speculative/draft_model.h"
+#include "util/check.h"
+
+namespace specdec {
+
+BatchedDraftModel::BatchedDraftModel(Model& draft, ThreadPool* pool, int32_t n_blocks,
+                                     int32_t block_size)
+    : draft_(draft), thread_pool_(pool) {
+  const ModelConfig& c = draft.config();
+  storage_ = std::make_unique<PagedKvStorage>(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks,
+                                              block_size, KvType::kF16);
+  pool_ = std::make_unique<BlockPool>(n_blocks, block_size, /*prefix_cache=*/false);
+  kv_ = std::make_unique<KvBlockManager>(storage_.get(), pool_.get());
+}
+
+void BatchedDraftModel::add(int64_t seq, int64_t ctx_size, uint64_t seed,
+                            const DraftModelConfig& config) {
+  SPECDEC_CHECK(!contains(seq), "a draft sequence was added twice");
+  auto s = std::make_unique<SeqState>(config);
+  s->capacity = draft_context(draft_, ctx_size);
+  s->decoder.begin(seed);
+  seqs_.emplace(seq, std::move(s));
+}
+
+void BatchedDraftModel::remove(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  kv_->free(&it->second->table);
+  seqs_.erase(it);
+}
+
+int64_t BatchedDraftModel::cached_tokens(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second->cached.size());
+}
+
+void BatchedDraftModel::drop(SeqState* s) {
+  kv_->free(&s->table);
+  s->cached.clear();
+}
+
+bool BatchedDraftModel::reserve(SeqState* s, int64_t n) {
+  while (!kv_->reserve(&s->table, n)) {
+    // The least recently drafted sequence that holds blocks and is not drafting in this call.
+    SeqState* victim = nullptr;
+    for (auto& [id, other] : seqs_) {
+      if (other->last_call == n_calls_ || other->table.blocks.empty()) continue;
+      if (victim == nullptr || other->last_call < victim->last_call) victim = other.get();
+    }
+    if (victim == nullptr) return false;
+    drop(victim);
+    ++stats_.evictions;
+  }
+  return true;
+}
+
+void BatchedDraftModel::run_and_decide() {
+  const ForwardResult r = draft_.forward(batches_, thread_pool_, &scratch_);
+  ++stats_.passes;
+  const auto n_vocab = static_cast<size_t>(draft_.config().n_vocab);
+  size_t n_next = 0;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Work& w = *running_[i];
+    stats_.tokens_run += static_cast<int64_t>(batches_[i].batch.tokens.size());
+    // The history the decoder sees: the sequence and the chain so far (the cache's tokens).
+    w.token =
+        w.state->decoder.next(r.logits.subspan(i * n_vocab, n_vocab), w.state->cached, w.tree);
+    if (w.token != DraftDecoder::kStop) running_[n_next++] = &w;
+  }
+  running_.resize(n_next);
+}
+
+void BatchedDraftModel::propose(std::span<const DraftJob> jobs) {
+  if (jobs.empty()) return;
+  ++n_calls_;
+  ++stats_.calls;
+  work_.resize(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    auto it = seqs_.find(jobs[i].seq);
+    SPECDEC_CHECK(it != seqs_.end(), "draft job for a sequence that was not added");
+    SPECDEC_CHECK(it->second->last_call != n_calls_, "two draft jobs for one sequence");
+    const DraftJob& job = jobs[i];
+    SPECDEC_CHECK(
+        !job.tokens.empty() && job.tree->size() == 1 && job.tree->token(0) == job.tokens.back(),
+        "a draft job's tree must be reset to the history's last token");
+    it->second->last_call = n_calls_;  // not evicted for the jobs before it
+    work_[i].state = it->second.get();
+    work_[i].tree = job.tree;
+  }
+  // Pass 1: every job's uncached suffix of its history, its last token's logits out.
+  running_.clear();
+  batches_.clear();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const DraftJob& job = jobs[i];
+    Work& w = work_[i];
+    SeqState& s = *w.state;
+    const int max_tokens = draft_room(s.capacity, job.tokens.size(), job.max_tokens);
+    if (max_tokens <= 0) continue;
+    const int64_t keep = draft_cache_keeps(s.cached, job.tokens);
+    s.cached.resize(static_cast<size_t>(keep));
+    const auto n = static_cast<int64_t>(job.tokens.size());
+    // Slots it may fill: the history and the chain's drafts but the last.
+    if (!reserve(&s, n + max_tokens - 1)) {
+      drop(&s);
+      ++stats_.jobs_dropped;
+      continue;
+    }
+    s.decoder.start(max_tokens);
+    w.positions.resize(static_cast<size_t>(n - keep));
+    for (int64_t t = keep; t < n; ++t) w.positions[t - keep] = static_cast<int32_t>(t);
+    w.row = static_cast<int32_t>(n - keep - 1);
+    SeqBatch b;
+    b.kv = SeqKv{storage_.get(), s.table.blocks, keep, s.capacity};
+    b.batch.tokens = job.tokens.subspan(static_cast<size_t>(keep));
+    b.batch.positions = w.positions;
+    b.batch.output_rows = {&w.row, 1};
+    batches_.push_back(b);
+    running_.push_back(&w);
+    s.cached.insert(s.cached.end(), job.tokens.begin() + keep, job.tokens.end());
+  }
+  try {
+    if (!running_.empty()) run_and_decide();
+    // One pass per depth: each chain's new token after its cache.
+    while (!running_.empty()) {
+      batches_.resize(running_.size());
+      for (size_t i = 0; i < running_.size(); ++i) {
+        Work& w = *running_[i];
+        SeqState& s = *w.state;
+        w.positions.assign(1, static_cast<int32_t>(s.cached.size()));
+        w.row = 0;
+        SeqBatch& b = batches_[i];
+        b.kv = SeqKv{storage_.get(), s.table.blocks, static_cast<int64_t>(s.cached.size()),
+                     s.capacity};
+        b.batch = ForwardBatch{};
+        b.batch.tokens = {&w.token, 1};
+        b.batch.positions = w.positions;
+        b.batch.output_rows = {&w.row, 1};
+        s.cached.push_back(w.token);
+      }
+      run_and_decide();
+    }
+  } catch (const Error&) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      drop(work_[i].state);
+      jobs[i].tree->reset(jobs[i].tokens.back());
+    }
+    throw;
+  }
+  // The blocks past each cache go back (the next call reserves what it needs).
+  for (Work& w : work_) kv_->shrink(&w.state->table, static_cast<int64_t>(w.state->cached.size()));
+}
+
+void BatchedDraftModel::check_invariants() const {
+  pool_->check_invariants();
+  // Nothing is shared (no prefix cache): every used block is in exactly one table.
+  int64_t held = 0;
+  for (const auto& [id, s] : seqs_) {
+    held += static_cast<int64_t>(s->table.blocks.size());
+    for (int32_t b : s->table.blocks) {
+      SPECDEC_CHECK(pool_->refcount(b) == 1, "a draft block's refcount is not its one table");
+    }
+    SPECDEC_CHECK(static_cast<int64_t>(s->table.blocks.size()) ==
+                      kv_->blocks_for(static_cast<int64_t>(s->cached.size())),
+                  "a draft table does not fit its cached tokens");
+    SPECDEC_CHECK(static_cast<int64_t>(s->cached.size()) <= s->capacity,
+                  "a draft cache holds more than its context");
+  }
+  SPECDEC_CHECK(held == pool_->num_used(), "draft blocks used outside the tables");
+}
+
+}  // namespace specdec

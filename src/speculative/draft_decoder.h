@@ -1,0 +1,78 @@
+// The drafting decision of a draft model, one depth at a time, shared by the single-sequence
+// DraftModelProposer and the BatchedDraftModel (which runs many sequences' draft passes at once):
+// both only run the draft model and hand each depth's logits to a sequence's DraftDecoder.
+//
+// Per depth, given the draft's logits at the current chain node and the tokens leading to it:
+//   q = the draft's sampling distribution (sampled drafts) or its plain softmax (greedy);
+//   stop if max q < p_min;
+//   add the drafted token under the current node (sampled: drawn from q, q kept in the tree for
+//   lossless rejection sampling; greedy: argmax q);
+//   at the first branch_levels depths, add the next-best branch_top_k - 1 tokens of q as leaf
+//   siblings;
+//   stop when max_tokens nodes were added, else the drafted token is the one to run next.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "sample/sampler.h"
+#include "speculative/token_tree.h"
+
+namespace specdec {
+
+struct DraftModelConfig {
+  float p_min = 0.0f;       // stop drafting when the draft's top probability falls below this
+  bool sample = false;      // sample drafts from q (kept for verification) instead of greedy
+  SamplingParams sampling;  // the draft's own sampling when `sample` (temperature, filters);
+                            // its seed is derived per sequence from the seed given to begin()
+  int branch_top_k = 1;     // > 1: also add the next-best k-1 tokens as leaf siblings ...
+  int branch_levels = 0;    // ... at the first branch_levels depths of the chain
+};
+
+class DraftDecoder {
+ public:
+  static constexpr int32_t kStop = -1;
+
+  // Throws specdec::Error if the configuration is out of range (p_min, branch_top_k, the
+  // sampling parameters).
+  explicit DraftDecoder(const DraftModelConfig& config);
+  static void validate(const DraftModelConfig& config);
+
+  const DraftModelConfig& config() const { return config_; }
+
+  // A new sequence: the draft sampler's stream is derived from the sequence's seed (a stream of
+  // its own, distinct from the target's), so drafts are fresh per sequence yet replay exactly.
+  void begin(uint64_t seed);
+
+  // A new tree (already reset to its root) that may receive up to max_tokens >= 1 drafts.
+  void start(int max_tokens);
+
+  // One depth: `logits` ([n_vocab]) are the draft's at the current chain node, `history` the
+  // tokens up to and including that node (the sequence, then the chain's drafts). Adds the
+  // drafted token (and any branch siblings) under the node; returns the drafted token, which
+  // becomes the current node and must be run next, or kStop when drafting ends.
+  int32_t next(std::span<const float> logits, std::span<const int32_t> history, TokenTree* tree);
+
+ private:
+  DraftModelConfig config_;
+  Sampler sampler_;             // draft sampling (its Rng is the draft's own)
+  std::vector<float> q_;        // [n_vocab]
+  std::vector<int32_t> order_;  // [n_vocab] scratch for top-k
+  int max_tokens_ = 0;
+  int parent_ = 0;  // the current chain node
+  int added_ = 0;   // nodes added to the tree
+  int depth_ = 0;   // depth of the current chain node
+};
+
+// Drafts a tree may get for a history of n_tokens when the draft's cache holds `capacity` slots
+// (the history and the chain's drafts but the last): min(max_tokens, capacity - n_tokens);
+// <= 0: none.
+int draft_room(int64_t capacity, size_t n_tokens, int max_tokens);
+
+// How many leading tokens of a draft cache holding `cached` (slot order) stay valid for the
+// history `tokens`: their longest common prefix, short of the history's last token (which is run
+// again for its logits).
+int64_t draft_cache_keeps(std::span<const int32_t> cached, std::span<const int32_t> tokens);
+
+}  // namespace specdec
