@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,14 +70,26 @@ struct RequestStats {
   int64_t first_token_step = -1;  // engine step that emitted the first token
 };
 
+// The target model's log-probabilities at one emitted token: log softmax of its logits at the
+// position that produced the token (before penalties, filters and temperature, as vLLM reports
+// them by default).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // the Request::logprobs most likely, best first
+};
+
 // What one step produced for a request (delivered through Request::on_output).
 struct RequestOutput {
   int64_t id = -1;
   std::vector<int32_t> tokens;  // new tokens (a stop token included, nothing past a stop)
+  std::vector<TokenLogprob> logprobs;  // [tokens] when Request::logprobs >= 0
   std::string text;             // new text, UTF-8 complete; text that could still become a stop
                                 // string is held back, nothing past a stop string is sent
   bool finished = false;
   StopReason reason = StopReason::kNone;
+  int32_t stop_token = -1;  // reason kStop: the stop token that ended it, or -1 ...
+  std::string stop_string;  // ... the stop string
   std::string error;            // reason kError
   RequestStats stats;
 };
@@ -87,6 +101,7 @@ struct Request {
   std::vector<int32_t> stop_tokens;  // besides the model's end-of-generation tokens
   std::vector<std::string> stop;     // stop strings (not part of the returned text)
   bool ignore_eos = false;           // do not stop at the model's end-of-generation tokens
+  int logprobs = -1;                 // -1: none; k in [0, 20]: each token's and the k best
   SpecParams spec;
   // Called on the stepping thread with each step's new tokens and at the end (finished = true,
   // exactly once). Returning false cancels the request.
@@ -133,11 +148,23 @@ struct EngineStats {
   int64_t drafted = 0;
   int64_t accepted = 0;
   int64_t spec_passes = 0;  // sequence-steps that verified drafts
+  // Per speculative method ("ngram", "draft"), as vLLM's spec-decode counters: acceptance rate
+  // = accepted / drafted, mean accepted length = accepted / passes.
+  struct SpecCounters {
+    static constexpr int kPositions = 16;  // deeper positions count in the last
+    int64_t drafted = 0;
+    int64_t accepted = 0;
+    int64_t passes = 0;  // target passes that verified this method's drafts
+    std::array<int64_t, kPositions> accepted_at{};  // [position] drafts accepted at depth p + 1
+  };
+  std::map<std::string, SpecCounters> spec;
 };
 
 struct SubmitResult {
   int64_t id = -1;
   std::string error;  // empty when accepted
+  std::string param;  // the request field at fault ("prompt", "max_tokens", "temperature", ...)
+  std::string code;   // "context_length_exceeded" for a prompt too long, else empty
   bool ok() const { return error.empty(); }
 };
 

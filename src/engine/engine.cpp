@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include "backend/kv_type.h"
+#include "engine/logprobs.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "kv/block_pool.h"
@@ -86,7 +87,7 @@ class Engine::Impl {
     std::vector<int32_t> rows;       // output rows
   };
 
-  std::string check_request(const Request& r) const;
+  SubmitResult check_request(const Request& r) const;
   std::unique_ptr<Sequence> make_sequence(int64_t id, Request request, std::string* error);
   void plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_left);
   void reserve_tree(Sequence& s, int64_t max_drafts);
@@ -183,57 +184,81 @@ Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
   stats_.kv_pool_bytes = storage_->bytes();
 }
 
-std::string Engine::Impl::check_request(const Request& r) const {
+SubmitResult Engine::Impl::check_request(const Request& r) const {
+  auto refuse = [](std::string param, std::string message, std::string code = {}) {
+    SubmitResult result;
+    result.error = std::move(message);
+    result.param = std::move(param);
+    result.code = std::move(code);
+    return result;
+  };
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   const int64_t pool_slots = static_cast<int64_t>(pool_->num_blocks()) * pool_->block_size();
-  if (n == 0) return "the prompt is empty (no tokens)";
+  if (n == 0) return refuse("prompt", "the prompt is empty (no tokens)");
   if (n >= max_context_) {
-    return fmt::format(
-        "this model's maximum context length is {} tokens, your prompt has {} (the prompt and at "
-        "least one generated token must fit)",
-        max_context_, n);
+    return refuse("prompt",
+                  fmt::format("this model's maximum context length is {} tokens, your prompt has "
+                              "{} (the prompt and at least one generated token must fit)",
+                              max_context_, n),
+                  "context_length_exceeded");
   }
   if (n >= pool_slots) {
-    return fmt::format(
-        "the prompt has {} tokens but the whole KV pool holds {} ({} blocks of {}); raise "
-        "--kv-cache-mib",
-        n, pool_slots, pool_->num_blocks(), pool_->block_size());
+    return refuse("prompt",
+                  fmt::format("the prompt has {} tokens but the whole KV pool holds {} ({} "
+                              "blocks of {}); raise --kv-cache-mib",
+                              n, pool_slots, pool_->num_blocks(), pool_->block_size()),
+                  "context_length_exceeded");
   }
   const int n_vocab = model_.config().n_vocab;
   for (int32_t t : r.prompt) {
     if (t < 0 || t >= n_vocab) {
-      return fmt::format("prompt token id {} is outside the vocabulary [0, {})", t, n_vocab);
+      return refuse("prompt", fmt::format("prompt token id {} is outside the vocabulary [0, {})",
+                                          t, n_vocab));
     }
   }
   for (int32_t t : r.stop_tokens) {
     if (t < 0 || t >= n_vocab) {
-      return fmt::format("stop token id {} is outside the vocabulary [0, {})", t, n_vocab);
+      return refuse("stop_token_ids",
+                    fmt::format("stop token id {} is outside the vocabulary [0, {})", t, n_vocab));
     }
   }
   if (r.max_tokens < 1) {
-    return fmt::format("max_tokens must be at least 1, got {}", r.max_tokens);
+    return refuse("max_tokens", fmt::format("max_tokens must be at least 1, got {}", r.max_tokens));
+  }
+  if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs) {
+    return refuse("logprobs", fmt::format("logprobs must be in [0, {}], got {}", kMaxTopLogprobs,
+                                          r.logprobs));
   }
   try {
     r.sampling.validate();
   } catch (const Error& e) {
-    return e.what();
+    // "sampling option NAME must ...": NAME is the field.
+    const std::string message = e.what();
+    const std::string lead = "sampling option ";
+    std::string param = "sampling";
+    if (message.rfind(lead, 0) == 0) {
+      param = message.substr(lead.size(), message.find(' ', lead.size()) - lead.size());
+    }
+    return refuse(param, message);
   }
   const SpecParams& sp = r.spec;
   if (sp.method != SpecMethod::kNone) {
     if (sp.num_draft < 0 || sp.num_draft > 64) {
-      return fmt::format("num_draft must be in [0, 64], got {}", sp.num_draft);
+      return refuse("num_draft", fmt::format("num_draft must be in [0, 64], got {}", sp.num_draft));
     }
-    if (sp.tree_width < 1 || sp.tree_depth < 0) return "tree width must be >= 1, depth >= 0";
+    if (sp.tree_width < 1 || sp.tree_depth < 0) {
+      return refuse("tree", "tree width must be >= 1, depth >= 0");
+    }
   }
-  if (sp.method == SpecMethod::kNgram &&
-      (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min)) {
-    return fmt::format("n-gram sizes must satisfy 1 <= min <= max, got {}..{}", sp.ngram_min,
-                       sp.ngram_max);
+  if (sp.method == SpecMethod::kNgram && (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min)) {
+    return refuse("ngram", fmt::format("n-gram sizes must satisfy 1 <= min <= max, got {}..{}",
+                                       sp.ngram_min, sp.ngram_max));
   }
   if (sp.method == SpecMethod::kDraft && config_.draft_model == nullptr) {
-    return "speculation with a draft model needs a draft model loaded (--draft-model)";
+    return refuse("spec",
+                  "speculation with a draft model needs a draft model loaded (--draft-model)");
   }
-  if (!r.stop.empty() && tokenizer_ == nullptr) return "stop strings need a tokenizer";
+  if (!r.stop.empty() && tokenizer_ == nullptr) return refuse("stop", "stop strings need a tokenizer");
   return {};
 }
 
@@ -281,8 +306,7 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
 }
 
 SubmitResult Engine::Impl::submit(Request request) {
-  SubmitResult result;
-  result.error = check_request(request);
+  SubmitResult result = check_request(request);
   if (!result.ok()) return result;
   int64_t id;
   {
@@ -364,6 +388,7 @@ bool Engine::Impl::emit(Sequence& s, int32_t token) {
   const Request& r = s.request;
   const bool eog = !r.ignore_eos && tokenizer_ != nullptr && tokenizer_->is_eog(token);
   if (eog || std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end()) {
+    s.out.stop_token = token;
     finish(s, StopReason::kStop);
     return false;
   }
@@ -371,6 +396,7 @@ bool Engine::Impl::emit(Sequence& s, int32_t token) {
     bool stopped = false;
     s.out.text += s.stop_strings.push(s.detok->push(token), &stopped);
     if (stopped) {
+      s.out.stop_string = s.stop_strings.matched();
       finish(s, StopReason::kStop);
       return false;
     }
@@ -465,7 +491,13 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
   if (!e.tree) {
     s.n_computed += e.n_tokens;
     // The end of the prompt (a recompute after preemption stops before the root instead).
-    if (!e.rows.empty()) emit(s, sample_first(s, logits));
+    if (!e.rows.empty()) {
+      const int32_t token = sample_first(s, logits);
+      if (s.request.logprobs >= 0) {
+        s.out.logprobs.push_back(token_logprob(logits, token, s.request.logprobs));
+      }
+      emit(s, token);
+    }
   } else {
     const int n = s.tree.size();
     verifier_.verify(s.tree, logits, n_vocab, s.tokens, s.sampler, &verdict_);
@@ -478,6 +510,14 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
       stats_.drafted += n - 1;
       stats_.accepted += n_acc;
       ++stats_.spec_passes;
+      EngineStats::SpecCounters& m =
+          stats_.spec[s.request.spec.method == SpecMethod::kDraft ? "draft" : "ngram"];
+      m.drafted += n - 1;
+      m.accepted += n_acc;
+      ++m.passes;
+      for (int p = 0; p < n_acc; ++p) {
+        ++m.accepted_at[std::min(p, EngineStats::SpecCounters::kPositions - 1)];
+      }
     }
     if (s.draft_length && s.request.spec.adaptive) {
       // Costs from the model, not a clock: the same decisions on any machine, under any load.
@@ -493,8 +533,16 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
     if (s.proposer) {
       s.proposer->observe({verdict_.tokens.data(), static_cast<size_t>(n_acc)}, verdict_.bonus);
     }
-    for (int32_t token : verdict_.tokens) {
-      if (!emit(s, token)) break;
+    for (size_t i = 0; i < verdict_.tokens.size(); ++i) {
+      if (s.request.logprobs >= 0) {
+        // The row that produced token i: its parent on the path (the root for the first), the
+        // final node for the bonus.
+        const int row = i == 0 ? 0 : verdict_.accepted_nodes[i - 1];
+        s.out.logprobs.push_back(token_logprob(
+            logits.subspan(static_cast<size_t>(row) * n_vocab, static_cast<size_t>(n_vocab)),
+            verdict_.tokens[i], s.request.logprobs));
+      }
+      if (!emit(s, verdict_.tokens[i])) break;
     }
   }
   if (s.state == RequestState::kFinished) return;
@@ -593,6 +641,7 @@ void Engine::Impl::deliver() {
       stats_.tokens_generated += static_cast<int64_t>(s->out.tokens.size());
     }
     s->out.tokens.clear();
+    s->out.logprobs.clear();
     s->out.text.clear();
     if (!keep_going && !s->out.finished) {
       finish(*s, StopReason::kCancelled);

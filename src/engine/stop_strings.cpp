@@ -17,7 +17,13 @@ std::string StopStrings::push(const std::string& text, bool* stopped) {
   held_.clear();
   // The earliest stop string in the buffer (held text never contains a whole one).
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, buf.find(s));
+  for (const std::string& s : stops_) {
+    const size_t at = buf.find(s);
+    if (at < first) {
+      first = at;
+      matched_ = s;
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
     *stopped = true;

@@ -18,11 +18,14 @@ class StopStrings {
   // The text held back (at the end of generation, when no stop string can complete any more).
   std::string flush();
   bool stopped() const { return stopped_; }
+  // The stop string that appeared (empty before).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;  // non-empty strings
   std::string held_;                // could be the start of a stop string
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace specdec

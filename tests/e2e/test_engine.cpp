@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -289,14 +290,19 @@ TEST_F(EngineTest, BadRequestsGetErrorsNamingTheLimitAndOthersGoOn) {
   EXPECT_NE(r.error.find(std::to_string(ctx)), std::string::npos) << r.error;
   EXPECT_NE(r.error.find(std::to_string(ctx + 5)), std::string::npos) << r.error;
 
+  EXPECT_EQ(r.param, "prompt");
+  EXPECT_EQ(r.code, "context_length_exceeded");
+
   Request zero = make_request(prompt(5, 3), 0);
   r = engine.submit(zero);
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.error.find("max_tokens"), std::string::npos) << r.error;
+  EXPECT_EQ(r.param, "max_tokens");
 
   Request neg_temp = make_request(prompt(5, 3), 4, -1.0f);
   r = engine.submit(neg_temp);
   EXPECT_NE(r.error.find("temperature"), std::string::npos) << r.error;
+  EXPECT_EQ(r.param, "temperature");
 
   for (float top_p : {0.0f, 1.5f}) {
     Request bad_p = make_request(prompt(5, 3), 4);
@@ -359,6 +365,57 @@ TEST_F(EngineTest, StopStringsCutTheTextAndNothingPastThemIsSent) {
   const std::vector<Collected> got = run_all({r}, EngineConfig{});
   EXPECT_EQ(got[0].reason, StopReason::kStop);
   EXPECT_EQ(got[0].text, full_text.substr(0, full_text.find(stop)));
+}
+
+// Logprobs come from the row that produced each token: with n-gram drafts (tokens verified in
+// trees) they equal those of plain decoding bit for bit, greedy tokens are the top entry, and the
+// top list is sorted and a distribution's head.
+TEST_F(EngineTest, LogprobsOfEveryTokenFromTheRowThatProducedIt) {
+  auto run = [&](SpecMethod spec) {
+    Request r = make_request(prompt(40, 77, "Once upon a time, there was a little girl"), 48, 0.0f,
+                             0, spec);
+    r.logprobs = 5;
+    std::vector<TokenLogprob> lps;
+    std::vector<int32_t> tokens;
+    r.on_output = [&](const RequestOutput& o) {
+      EXPECT_EQ(o.logprobs.size(), o.tokens.size());
+      if (o.finished && spec != SpecMethod::kNone) {
+        EXPECT_GT(o.stats.n_accepted, 0) << "no draft accepted: the tree rows went untested";
+      }
+      lps.insert(lps.end(), o.logprobs.begin(), o.logprobs.end());
+      tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
+      return true;
+    };
+    Engine engine(*model_, tok_, pool_, EngineConfig{});
+    EXPECT_TRUE(engine.submit(r).ok());
+    while (engine.has_work()) engine.step();
+    EXPECT_EQ(tokens, solo(r));
+    return std::make_pair(tokens, lps);
+  };
+  const auto [plain_tokens, plain] = run(SpecMethod::kNone);
+  const auto [spec_tokens, spec] = run(SpecMethod::kNgram);
+  ASSERT_EQ(plain.size(), plain_tokens.size());
+  ASSERT_EQ(spec.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(plain[i].token, plain_tokens[i]);
+    ASSERT_EQ(plain[i].top.size(), 5u);
+    EXPECT_EQ(plain[i].top[0].first, plain_tokens[i]) << "greedy picks the most likely token";
+    EXPECT_EQ(plain[i].top[0].second, plain[i].logprob);
+    double mass = 0;
+    for (size_t k = 0; k < plain[i].top.size(); ++k) {
+      EXPECT_LE(plain[i].top[k].second, 0.0f);
+      if (k > 0) EXPECT_GE(plain[i].top[k - 1].second, plain[i].top[k].second);
+      mass += std::exp(plain[i].top[k].second);
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+    EXPECT_EQ(spec[i].logprob, plain[i].logprob) << "token " << i;
+    EXPECT_EQ(spec[i].top, plain[i].top) << "token " << i;
+  }
+  Request bad = make_request(prompt(5, 1), 4);
+  bad.logprobs = 21;
+  Engine engine(*model_, tok_, pool_, EngineConfig{});
+  const SubmitResult r = engine.submit(bad);
+  EXPECT_EQ(r.param, "logprobs");
 }
 
 TEST_F(EngineTest, LoopThreadWithSubmitAndCancelFromSeveralThreads) {
