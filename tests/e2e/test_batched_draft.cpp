@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
+#include "common/solo_run.h"
 #include "common/test_paths.h"
 #include "engine/generator.h"
 #include "engine/sequence.h"
@@ -319,16 +320,7 @@ TEST_F(BatchedDraft, TinyPoolEvictsAndDropsButNeverFails) {
 // The request's solo output: Generator (contiguous caches of kCtx) with a DraftModelProposer.
 std::vector<int32_t> solo(Model& target, Model& draft, const Tokenizer& tok, ThreadPool* pool,
                           const Request& r) {
-  Generator gen(target, pool, kCtx);
-  GenerationConfig g;
-  g.max_new_tokens = r.max_tokens;
-  g.sampling = r.sampling;
-  g.stop_tokens = tok.eog_ids();
-  DraftModelProposer proposer(draft, target, pool, kCtx, draft_model_config(r));
-  g.proposer = &proposer;
-  g.draft.max_draft = r.spec.num_draft;
-  g.draft.adaptive = false;
-  return gen.generate(r.prompt, g, nullptr, nullptr);
+  return test::solo_output(target, tok, pool, r, &draft, kCtx);
 }
 
 struct EngineRun {

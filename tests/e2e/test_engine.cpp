@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
+#include "common/solo_run.h"
 #include "common/test_paths.h"
 #include "engine/generator.h"
 #include "model/model.h"
@@ -56,19 +57,7 @@ class EngineTest : public ::testing::Test {
 
   // Solo output with the single-sequence Generator (contiguous KV cache).
   static std::vector<int32_t> solo(const Request& r) {
-    Generator gen(*model_, pool_, model_->config().n_ctx_train);
-    GenerationConfig g;
-    g.max_new_tokens = r.max_tokens;
-    g.sampling = r.sampling;
-    g.stop_tokens = tok_->eog_ids();
-    std::unique_ptr<Proposer> proposer;
-    if (r.spec.method == SpecMethod::kNgram) {
-      proposer = std::make_unique<NgramProposer>(NgramConfig{});
-      g.proposer = proposer.get();
-      g.draft.max_draft = r.spec.num_draft;
-      g.draft.adaptive = false;
-    }
-    return gen.generate(r.prompt, g, nullptr, nullptr);
+    return test::solo_output(*model_, *tok_, pool_, r);
   }
 
   struct Collected {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
+#include "common/solo_run.h"
 #include "common/test_paths.h"
 #include "engine/generator.h"
 #include "model/model.h"
@@ -41,37 +42,7 @@ namespace {
 // request's proposer at its fixed draft length (greedy output does not depend on the drafts).
 std::vector<int32_t> solo(Model& model, const Tokenizer& tok, ThreadPool* pool, const Request& r,
                           Model* draft = nullptr, int64_t ctx = 0) {
-  if (ctx <= 0) ctx = model.config().n_ctx_train;
-  Generator gen(model, pool, ctx);
-  GenerationConfig g;
-  g.max_new_tokens = r.max_tokens;
-  g.sampling = r.sampling;
-  if (!r.ignore_eos) g.stop_tokens = tok.eog_ids();
-  g.stop_tokens.insert(g.stop_tokens.end(), r.stop_tokens.begin(), r.stop_tokens.end());
-  std::unique_ptr<Proposer> proposer;
-  if (r.spec.method == SpecMethod::kNgram) {
-    NgramConfig c;
-    c.ngram_min = r.spec.ngram_min;
-    c.ngram_max = r.spec.ngram_max;
-    c.tree_width = r.spec.tree_width;
-    proposer = std::make_unique<NgramProposer>(c);
-  } else if (r.spec.method == SpecMethod::kDraft) {
-    SPECDEC_CHECK(draft != nullptr, "solo: a draft request without a draft model");
-    DraftModelConfig c;
-    c.p_min = r.spec.draft_p_min;
-    c.sampling = r.sampling;
-    if (r.spec.draft_temp >= 0) c.sampling.temperature = r.spec.draft_temp;
-    c.sample = !c.sampling.greedy();
-    c.branch_top_k = r.spec.tree_width;
-    c.branch_levels = r.spec.tree_depth;
-    proposer = std::make_unique<DraftModelProposer>(*draft, model, pool, ctx, c);
-  }
-  if (proposer) {
-    g.proposer = proposer.get();
-    g.draft.max_draft = r.spec.num_draft;
-    g.draft.adaptive = false;
-  }
-  return gen.generate(r.prompt, g, nullptr, nullptr);
+  return test::solo_output(model, tok, pool, r, draft, ctx);
 }
 
 bool is_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {

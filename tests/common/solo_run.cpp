@@ -1,0 +1,43 @@
+#include "common/solo_run.h"
+
+#include <memory>
+
+#include "engine/generator.h"
+#include "engine/sequence.h"
+#include "model/model.h"
+#include "speculative/draft_model.h"
+#include "speculative/ngram.h"
+#include "tokenizer/tokenizer.h"
+#include "util/check.h"
+
+namespace specdec::test {
+
+std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
+                                 const Request& r, Model* draft, int64_t ctx) {
+  if (ctx <= 0) ctx = model.config().n_ctx_train;
+  Generator gen(model, pool, ctx);
+  GenerationConfig g;
+  g.max_new_tokens = r.max_tokens;
+  g.sampling = r.sampling;
+  if (!r.ignore_eos) g.stop_tokens = tok.eog_ids();
+  g.stop_tokens.insert(g.stop_tokens.end(), r.stop_tokens.begin(), r.stop_tokens.end());
+  std::unique_ptr<Proposer> proposer;
+  if (r.spec.method == SpecMethod::kNgram) {
+    NgramConfig c;
+    c.ngram_min = r.spec.ngram_min;
+    c.ngram_max = r.spec.ngram_max;
+    c.tree_width = r.spec.tree_width;
+    proposer = std::make_unique<NgramProposer>(c);
+  } else if (r.spec.method == SpecMethod::kDraft) {
+    SPECDEC_CHECK(draft != nullptr, "solo_output: a draft request without a draft model");
+    proposer = std::make_unique<DraftModelProposer>(*draft, model, pool, ctx, draft_model_config(r));
+  }
+  if (proposer) {
+    g.proposer = proposer.get();
+    g.draft.max_draft = r.spec.num_draft;
+    g.draft.adaptive = false;
+  }
+  return gen.generate(r.prompt, g, nullptr, nullptr);
+}
+
+}  // namespace specdec::test

@@ -1,0 +1,24 @@
+// A request's solo output, the reference of every engine test: the single-sequence Generator
+// (contiguous KV cache) with the same sampling, stop tokens and speculation as the request
+// (fixed draft length: the engine tests use non-adaptive drafts so the lengths match).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "specdec/engine.h"
+
+namespace specdec {
+
+class Model;
+class Tokenizer;
+class ThreadPool;
+
+namespace test {
+
+// ctx <= 0: the model's context. draft: the draft model of SpecMethod::kDraft requests.
+std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
+                                 const Request& r, Model* draft = nullptr, int64_t ctx = 0);
+
+}  // namespace test
+}  // namespace specdec
