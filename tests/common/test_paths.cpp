@@ -1,7 +1,10 @@
 #include "common/test_paths.h"
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <sys/stat.h>
 
@@ -32,6 +35,20 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::string run_stdout(const std::string& cmd, int* status) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  if (!pipe) {
+    *status = -1;
+    return {};
+  }
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t got;
+  while ((got = fread(buf.data(), 1, buf.size(), pipe.get())) > 0) out.append(buf.data(), got);
+  *status = pclose(pipe.release());
+  return out;
 }
 
 }  // namespace specdec::test

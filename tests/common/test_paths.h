@@ -14,5 +14,8 @@ std::string cache_dir();                  // $SPECDEC_CACHE or ~/.cache/specdec
 std::string default_model_path();         // cache_dir()/SmolLM2-135M-Instruct.Q4_1.gguf
 bool file_exists(const std::string& path);
 std::string read_file(const std::string& path);
+// Runs a shell command and returns its stdout (stderr goes to the test's log unless the command
+// redirects it); *status = pclose's status (-1 if the command could not start).
+std::string run_stdout(const std::string& cmd, int* status);
 
 }  // namespace specdec::test

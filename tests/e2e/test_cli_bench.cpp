@@ -19,20 +19,7 @@
 namespace specdec {
 namespace {
 
-// Runs the command and returns its stdout (stderr goes to the test's log).
-std::string run_stdout(const std::string& cmd, int* status) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-  if (!pipe) {
-    *status = -1;
-    return {};
-  }
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), pipe.get())) > 0) out.append(buf.data(), got);
-  *status = pclose(pipe.release());
-  return out;
-}
+using test::run_stdout;
 
 // `name` keeps each test's prompts file its own: ctest runs the tests as parallel processes.
 nlohmann::json bench(const std::string& name, const std::string& extra) {
