@@ -157,6 +157,8 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   GenerationConfig specd = plain;
   specd.proposer = spec.proposer.get();
   specd.draft = spec.draft_length;
+  specd.verify_token_cost = in.verify_token_cost;
+  specd.draft_token_cost = spec.draft_token_cost;
 
   // Warm-up: one short run of each kind, each on the generator its mode uses (page faults of
   // the caches, thread pool, scratch growth).
@@ -166,6 +168,8 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
     gen.generate(in.prompts[0], w, nullptr, nullptr);
     w.proposer = specd.proposer;
     w.draft = specd.draft;
+    w.verify_token_cost = specd.verify_token_cost;
+    w.draft_token_cost = specd.draft_token_cost;
     spec_gen.generate(in.prompts[0], w, nullptr, nullptr);
   }
 

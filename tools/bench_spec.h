@@ -36,6 +36,7 @@ struct SpecBenchInput {
   // handed over at every emitted token) instead of one after the other, so both see the host
   // within milliseconds of each other.
   bool interleave = false;
+  double verify_token_cost = 0.08;  // the adaptive draft length's cost model (calibration)
 };
 
 // Runs every prompt plain and with the spec setup (alternating, after a warm-up) and returns the

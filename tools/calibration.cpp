@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_features.h"
 #include "util/check.h"
 #include "util/paths.h"
 
@@ -70,6 +71,22 @@ std::optional<Calibration> read_calibration(const std::string& path) {
                             path, c.verify_token_cost));
   }
   return c;
+}
+
+double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet) {
+  const bool explicit_file = !file.empty();
+  const std::string path = explicit_file ? file : default_calibration_path();
+  const std::optional<Calibration> cal = read_calibration(path);
+  if (explicit_file && !cal) throw Error(fmt::format("--calibration: no file {}", path));
+  const std::string isa = isa_name(active_isa());
+  if (cal && (explicit_file || cal->isa == isa)) return cal->verify_token_cost;
+  if (!quiet) {
+    fmt::print(stderr,
+               "note: no calibration for the {} kernels ({}); the cost model uses its default "
+               "(verify_token_cost {:.3f}); run `specdec bench --calibrate` once\n",
+               isa, path, fallback);
+  }
+  return fallback;
 }
 
 }  // namespace specdec::cli

@@ -27,6 +27,11 @@ std::string default_calibration_path();
 std::string cpu_model_name();
 
 void write_calibration(const std::string& path, const Calibration& c);
+
+// The cost model's verify_token_cost for this run: from `file` (an error if it does not exist),
+// or, with file empty, from the default file when it was measured with the kernels in use;
+// otherwise `fallback` (with a note on stderr unless quiet).
+double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet);
 // nullopt when the file does not exist; specdec::Error naming the file when it is malformed.
 std::optional<Calibration> read_calibration(const std::string& path);
 

@@ -3,7 +3,6 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "backend/cpu/cpu_features.h"
 #include "calibration.h"
 #include "cli_common.h"
 #include "util/check.h"
@@ -41,19 +40,7 @@ EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_ty
   c.max_context = max_context;
   c.kv_type = kv_type;
   c.draft_model = draft_model;
-  const bool explicit_file = !o.calibration.empty();
-  const std::string path = explicit_file ? o.calibration : default_calibration_path();
-  const std::optional<Calibration> cal = read_calibration(path);
-  if (explicit_file && !cal) throw Error(fmt::format("--calibration: no file {}", path));
-  const std::string isa = isa_name(active_isa());
-  if (cal && (explicit_file || cal->isa == isa)) {
-    c.verify_token_cost = cal->verify_token_cost;
-  } else if (!quiet && o.calibration.empty()) {
-    fmt::print(stderr,
-               "note: no calibration for the {} kernels ({}); the cost model uses its default "
-               "(verify_token_cost {:.3f}); run `specdec bench --calibrate` once\n",
-               isa, path, c.verify_token_cost);
-  }
+  c.verify_token_cost = calibrated_verify_token_cost(o.calibration, c.verify_token_cost, quiet);
   return c;
 }
 

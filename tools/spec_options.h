@@ -34,6 +34,7 @@ struct SpecSetup {
   std::unique_ptr<Model> draft_model;
   std::unique_ptr<Proposer> proposer;
   DraftLengthConfig draft_length;
+  double draft_token_cost = 0.0;  // a draft model's token in target passes (its bytes / target's)
   std::string description;  // e.g. "ngram (n 1..4, chain, adaptive <= 8)"
 };
 

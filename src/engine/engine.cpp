@@ -105,6 +105,8 @@ class Engine::Impl {
   ThreadPool* thread_pool_;
   EngineConfig config_;
   int64_t max_context_ = 0;
+  // A draft model's token in one-token target passes: its weight bytes over the target's.
+  double draft_token_cost_ = 0.0;
   std::unique_ptr<PagedKvStorage> storage_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<KvBlockManager> kv_;
@@ -181,6 +183,10 @@ Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
         *config.draft_model, pool, static_cast<int32_t>(draft_blocks), config.block_size);
   }
   stats_.kv_blocks_total = n_blocks;
+  if (config.draft_model != nullptr && model.weight_bytes() > 0) {
+    draft_token_cost_ = static_cast<double>(config.draft_model->weight_bytes()) /
+                        static_cast<double>(model.weight_bytes());
+  }
   stats_.kv_pool_bytes = storage_->bytes();
 }
 
@@ -522,7 +528,9 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
     if (s.draft_length && s.request.spec.adaptive) {
       // Costs from the model, not a clock: the same decisions on any machine, under any load.
       const double pass_cost = 1.0 + config_.verify_token_cost * (n - 1);
-      s.draft_length->record(n - 1, n_acc, 0.0, pass_cost, s.tree.max_depth());
+      const double draft_cost =
+          s.request.spec.method == SpecMethod::kDraft ? draft_token_cost_ * (n - 1) : 0.0;
+      s.draft_length->record(n - 1, n_acc, draft_cost, pass_cost, s.tree.max_depth());
     }
     // The root and the accepted path stay, compacted into place after the computed tokens.
     const int64_t base = s.n_computed;
@@ -599,7 +607,15 @@ bool Engine::Impl::step() {
       b.output_rows = e.rows;
       batches_[i].kv = kv_->seq_kv(s.table, s.n_computed);
     }
-    const ForwardResult r = model_.forward(batches_, thread_pool_, &scratch_);
+    ForwardResult r;
+    try {
+      r = model_.forward(batches_, thread_pool_, &scratch_);
+    } catch (const Error& err) {
+      // A pass the model refused (a bug, not a request's fault: requests are checked at
+      // submit): the sequences in it end with the error, the engine and the others go on.
+      for (Entry& e : entries_) finish(*e.seq, StopReason::kError, err.what());
+      entries_.clear();
+    }
     const int n_vocab = model_.config().n_vocab;
     size_t row = 0;
     int64_t computed = 0;

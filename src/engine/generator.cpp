@@ -128,8 +128,7 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
       proposer->propose(req, &tree_);
       SPECDEC_CHECK(tree_.num_drafts() <= budget, "proposer exceeded its draft budget");
     }
-    const double draft_s = now_seconds() - td;
-    st.draft_seconds += draft_s;
+    st.draft_seconds += now_seconds() - td;  // reported only; no policy reads it
 
     // 2. One target pass over the whole tree.
     const int n = tree_.size();
@@ -145,9 +144,7 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
     }
     batch.output_rows = rows_;
     batch.want_hidden = want_hidden;
-    const double tp = now_seconds();
     const ForwardResult r = model_.forward(kv_, batch, pool_);
-    const double pass_s = now_seconds() - tp;
     ++st.n_forward_passes;
 
     // 3. Verify: accepted drafts plus the target's own token.
@@ -158,7 +155,11 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
       st.n_drafted += n - 1;
       st.n_accepted += n_acc;
     }
-    if (proposer) draft_length.record(n - 1, n_acc, draft_s, pass_s, tree_.max_depth());
+    if (proposer) {
+      const double pass_cost = 1.0 + config.verify_token_cost * (n - 1);
+      draft_length.record(n - 1, n_acc, config.draft_token_cost * (n - 1), pass_cost,
+                          tree_.max_depth());
+    }
 
     // 4. The cache keeps the root and the accepted path, compacted into place.
     keep_.clear();

@@ -32,6 +32,12 @@ struct GenerationConfig {
   int prefill_chunk = 512;           // prompt tokens per forward pass
   Proposer* proposer = nullptr;      // null: plain decoding
   DraftLengthConfig draft;           // draft length per step (fixed or adaptive)
+  // The adaptive draft length's cost model, in one-token target passes (never a clock, so a run
+  // replays exactly under any load): a pass over n tokens costs 1 + verify_token_cost·(n - 1)
+  // (bench --calibrate measures it), a draft token draft_token_cost (a draft model: its weight
+  // bytes over the target's; n-gram: 0).
+  double verify_token_cost = 0.08;
+  double draft_token_cost = 0.0;
 };
 
 enum class FinishReason { kStop, kLength, kContext, kCancelled };

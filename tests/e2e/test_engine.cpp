@@ -407,6 +407,36 @@ TEST_F(EngineTest, LogprobsOfEveryTokenFromTheRowThatProducedIt) {
   EXPECT_EQ(r.param, "logprobs");
 }
 
+// No policy reads a clock: sampled requests with adaptive drafts give the same tokens on a
+// quiet machine and with busy threads competing for the cores.
+TEST_F(EngineTest, SameSeedSameOutputUnderLoad) {
+  auto run = [&]() {
+    std::vector<Request> reqs;
+    for (int i = 0; i < 3; ++i) {
+      Request r = make_request(prompt(30 + 20 * i, 900 + i), 48, 0.7f, 31 + i, SpecMethod::kNgram);
+      r.spec.adaptive = true;
+      r.spec.num_draft = 8;
+      reqs.push_back(r);
+    }
+    std::vector<std::vector<int32_t>> tokens;
+    for (const Collected& c : run_all(reqs, EngineConfig{})) tokens.push_back(c.tokens);
+    return tokens;
+  };
+  const auto quiet = run();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> burners;
+  for (int t = 0; t < 2; ++t) {
+    burners.emplace_back([&stop] {
+      volatile double x = 1.0;
+      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+    });
+  }
+  const auto busy = run();
+  stop = true;
+  for (std::thread& b : burners) b.join();
+  EXPECT_EQ(quiet, busy);
+}
+
 TEST_F(EngineTest, LoopThreadWithSubmitAndCancelFromSeveralThreads) {
   EngineConfig config;
   config.max_batch_tokens = 64;
