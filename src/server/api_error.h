@@ -35,5 +35,6 @@ ApiError error_for_status(int status);
 // JSON text that never throws: invalid UTF-8 (from a token cut in the middle of a character, or
 // a client's input) becomes U+FFFD.
 std::string dump_json(const nlohmann::json& j);
+std::string dump_json(const nlohmann::ordered_json& j);
 
 }  // namespace specdec::server

@@ -38,16 +38,20 @@ struct Generation {
   CompletionRequest request;
   std::vector<BuiltPrompt> prompts;
   std::vector<ChoiceResult> choices;  // [prompts × n], choice i of prompt i / n
+  std::vector<int64_t> text_offsets;  // [choices] streamed completions: logprobs' text_offset
   std::shared_ptr<GenerationJob> job;
 
   void apply(const ChoiceUpdate& u) {
     ChoiceResult& c = choices[static_cast<size_t>(u.choice)];
     c.text += u.text;
     c.tokens.insert(c.tokens.end(), u.tokens.begin(), u.tokens.end());
+    c.logprobs.insert(c.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
     c.stats = u.stats;
     if (u.finished) {
       c.finished = true;
       c.reason = u.reason;
+      c.stop_token = u.stop_token;
+      c.stop_string = u.stop_string;
       c.error = u.error;
     }
   }
@@ -62,7 +66,7 @@ struct Generation {
     return u;
   }
 
-  json specdec_totals() const {
+  Json specdec_totals() const {
     std::vector<const RequestStats*> stats;
     for (const ChoiceResult& c : choices) stats.push_back(&c.stats);
     return specdec_json(meta.spec_method, stats);
@@ -100,6 +104,7 @@ std::vector<Request> engine_requests(const CompletionRequest& r,
       e.stop_tokens = r.stop_token_ids;
       e.stop = r.stop;
       e.ignore_eos = r.ignore_eos;
+      e.logprobs = r.logprobs;
       e.spec = b.spec;
       out.push_back(std::move(e));
     }
@@ -107,21 +112,22 @@ std::vector<Request> engine_requests(const CompletionRequest& r,
   return out;
 }
 
-// The engine's reason for refusing a request, as an API error naming the field.
-ApiError submit_error(const std::string& msg, ApiKind kind) {
-  const char* prompt_param = kind == ApiKind::kChat ? "messages" : "prompt";
-  if (msg.find("maximum context length") != std::string::npos) {
-    return invalid_request(msg, prompt_param, "context_length_exceeded");
+// The engine's refusal of a request as an API error: its field in this endpoint's terms.
+ApiError submit_error(const SubmitResult& refused, ApiKind kind) {
+  const bool chat = kind == ApiKind::kChat;
+  std::string param = refused.param;
+  if (param == "prompt" && chat) param = "messages";
+  if (param == "logprobs" && chat) param = "top_logprobs";
+  // The server's own settings (speculation) or its failure: not the client's fault.
+  if (refused.code == "internal_error" || param == "num_draft" || param == "tree" ||
+      param == "ngram" || param == "spec") {
+    ApiError e;
+    e.status = 500;
+    e.type = "server_error";
+    e.message = refused.error;
+    return e;
   }
-  if (msg.rfind("stop token id", 0) == 0) return invalid_request(msg, "stop_token_ids");
-  if (msg.rfind("max_tokens", 0) == 0) return invalid_request(msg, "max_tokens");
-  const std::string sampling = "sampling option ";
-  if (msg.rfind(sampling, 0) == 0) {
-    const size_t end = msg.find(' ', sampling.size());
-    return invalid_request(msg, msg.substr(sampling.size(), end - sampling.size()));
-  }
-  if (msg.find("prompt") != std::string::npos) return invalid_request(msg, prompt_param);
-  return invalid_request(msg);
+  return invalid_request(refused.error, param, refused.code);
 }
 
 // --- streaming ---------------------------------------------------------------------------------
@@ -158,15 +164,19 @@ bool write_stream(Generation& g, httplib::DataSink& sink) {
         e.message = u.error;
         if (!send_event(sink, dump_json(error_json(e)))) return false;
       }
-      const bool with_ids = r.return_token_ids && !u.tokens.empty();
-      if (u.text.empty() && !u.finished && !with_ids) continue;  // text held back
+      const bool with_tokens = (r.return_token_ids || r.logprobs >= 0) && !u.tokens.empty();
+      if (u.text.empty() && !u.finished && !with_tokens) continue;  // text held back
       ChunkPart part;
       part.index = u.choice;
       part.text = u.text;
       part.token_ids = r.return_token_ids ? &u.tokens : nullptr;
+      part.logprobs = r.logprobs >= 0 ? &u.logprobs : nullptr;
+      part.text_offset = &g.text_offsets[static_cast<size_t>(u.choice)];
       part.finished = u.finished;
       part.reason = u.reason;
-      json chunk = stream_chunk(g.meta, part);
+      part.stop_token = u.stop_token;
+      part.stop_string = u.stop_string;
+      Json chunk = stream_chunk(g.meta, part);
       if (u.finished) chunk["specdec"] = specdec_json(g.meta.spec_method, {&u.stats});
       if (r.continuous_usage) chunk["usage"] = usage_json(g.usage());
       if (!send_event(sink, dump_json(chunk))) return false;
@@ -264,7 +274,11 @@ void handle_completion(ServerState& state, ApiKind kind, const httplib::Request&
   g->meta.created = static_cast<int64_t>(std::time(nullptr));
   g->meta.model = backend->model_name;
   g->meta.spec_method = backend->spec.method;
+  g->meta.tokenizer = backend->tokenizer;
+  g->meta.logprobs = r.logprobs;
+  g->meta.ignore_eos = r.ignore_eos;
   g->choices.resize(static_cast<size_t>(n_choices));
+  g->text_offsets.assign(static_cast<size_t>(n_choices), 0);
   for (size_t i = 0; i < g->choices.size(); ++i) {
     g->choices[i].prompt_index = static_cast<int>(i / static_cast<size_t>(r.n));
   }
@@ -281,8 +295,8 @@ void handle_completion(ServerState& state, ApiKind kind, const httplib::Request&
                                            std::to_string(state.config.max_queue) + "; retry later",
                                        "queue_full"));
   }
-  const std::string refused = g->job->submit(std::move(requests));
-  if (!refused.empty()) return send_error(res, submit_error(refused, kind));
+  const SubmitResult refused = g->job->submit(std::move(requests));
+  if (!refused.ok()) return send_error(res, submit_error(refused, kind));
   state.metrics.on_request_accepted(g->usage().prompt_tokens);
 
   if (r.stream) {

@@ -90,19 +90,7 @@ std::optional<ApiError> read_number(const json& body, const char* name, double l
 }
 
 // Fields of the API that the engine cannot honour: present with a value other than "off".
-std::optional<ApiError> check_unsupported(const json& body, ApiKind kind) {
-  const json& logprobs = field(body, "logprobs");
-  if (kind == ApiKind::kCompletion && !logprobs.is_null()) {
-    return not_supported("logprobs are not supported yet", "logprobs");
-  }
-  if (kind == ApiKind::kChat && !logprobs.is_null() &&
-      !(logprobs.is_boolean() && !logprobs.get<bool>())) {
-    return not_supported("logprobs are not supported yet", "logprobs");
-  }
-  const json& top_logprobs = field(body, "top_logprobs");
-  if (!top_logprobs.is_null() && !(top_logprobs.is_number() && top_logprobs.get<double>() == 0)) {
-    return not_supported("logprobs are not supported yet", "top_logprobs");
-  }
+std::optional<ApiError> check_unsupported(const json& body) {
   for (const char* name : {"frequency_penalty", "presence_penalty"}) {
     const json& v = field(body, name);
     if (v.is_null()) continue;
@@ -285,6 +273,30 @@ std::optional<ApiError> read_sampling(const json& body, CompletionRequest* r) {
   return std::nullopt;
 }
 
+// completions: logprobs = k; chat: logprobs = true, top_logprobs = k (0 when absent). OpenAI
+// refuses top_logprobs without logprobs: true, as vLLM does.
+std::optional<ApiError> read_logprobs(const json& body, CompletionRequest* r) {
+  int64_t k = -1;
+  if (r->kind == ApiKind::kCompletion) {
+    if (auto e = read_int(body, "logprobs", 0, kMaxLogprobs, &k)) return e;
+    if (k >= 0 && r->echo) {
+      return not_supported("logprobs with echo are not supported (no logprobs of prompt tokens)",
+                           "logprobs");
+    }
+  } else {
+    bool on = false;
+    if (auto e = read_bool(body, "logprobs", &on)) return e;
+    int64_t top = 0;
+    if (auto e = read_int(body, "top_logprobs", 0, kMaxLogprobs, &top)) return e;
+    if (!field(body, "top_logprobs").is_null() && !on) {
+      return invalid_request("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    }
+    if (on) k = top;
+  }
+  r->logprobs = static_cast<int>(k);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_json_body(const std::string& text, json* out) {
@@ -313,7 +325,7 @@ std::optional<ApiError> parse_completion_request(const json& body, ApiKind kind,
     if (!model.is_string()) return wrong_type("model", "a string", model);
     r->model = model.get<std::string>();
   }
-  if (auto e = check_unsupported(body, kind)) return e;
+  if (auto e = check_unsupported(body)) return e;
   if (kind == ApiKind::kCompletion) {
     if (auto e = read_prompts(body, &r->prompts)) return e;
     if (auto e = read_bool(body, "echo", &r->echo)) return e;
@@ -331,6 +343,7 @@ std::optional<ApiError> parse_completion_request(const json& body, ApiKind kind,
   if (auto e = read_int(body, "max_completion_tokens", 1, max_int, &max_tokens)) return e;
   r->max_tokens = static_cast<int>(max_tokens);
   if (auto e = read_sampling(body, r)) return e;
+  if (auto e = read_logprobs(body, r)) return e;
   if (auto e = read_stop(body, &r->stop)) return e;
   const json& stop_ids = field(body, "stop_token_ids");
   if (!stop_ids.is_null()) {

@@ -1,21 +1,23 @@
 // The body of POST /v1/completions and /v1/chat/completions, read and checked: every field of
 // the wrong type or out of range is an ApiError naming it, fields this server cannot honour
-// (logprobs, tools, penalties other than repetition_penalty, ...) are a 400 saying so, unknown
-// fields are ignored (as vLLM does), and null means "absent".
+// (tools, penalties other than repetition_penalty, echo with logprobs, ...) are a 400 saying so,
+// unknown fields are ignored (as vLLM does), and null means "absent".
 //
-//   field                         completions        chat                range / notes
-//   model                         string             string              checked by the server
-//   prompt                        str | [str] | [int] | [[int]]          one choice set per prompt
-//   messages                                         [{role, content}]   content: str | [text
-//   parts] max_tokens                    int (default 16)   int (default: to the context end)  >= 1
-//   max_completion_tokens         int                int                 preferred over max_tokens
-//   n                             1..16              1..16               choices per prompt
-//   temperature                   [0, 2] (default 1) top_p (0, 1]; top_k >= -1 (-1, 0: off);
-//   min_p [0, 1]; repetition_penalty > 0; seed int64 (default: random per choice)
-//   stop                          str | [str] (at most 16, each at most 256 bytes)
-//   stop_token_ids [int] (at most 256), ignore_eos bool, add_special_tokens bool (completions,
-//   default true) stream, stream_options.include_usage, stream_options.continuous_usage_stats, echo
-//   (completions), return_token_ids (token ids of the prompt and of each choice, as vLLM)
+//   field                   completions          chat                 range / notes
+//   model                   string               string               checked by the server
+//   prompt                  str | [str] | [int] | [[int]]             one choice set per prompt
+//   messages                                     [{role, content}]    content: str | text parts
+//   max_tokens              int (default 16)     int (to the context end)   >= 1
+//   max_completion_tokens   int                  int                  preferred over max_tokens
+//   n                       1..16                1..16                choices per prompt
+//   logprobs                int 0..20            bool                 per generated token
+//   top_logprobs                                 int 0..20            needs logprobs: true
+//   temperature [0, 2] (default 1), top_p (0, 1], top_k >= -1 (-1, 0: off), min_p [0, 1],
+//   repetition_penalty > 0, seed int64 (default: random per choice)
+//   stop str | [str] (at most 16, each at most 256 bytes), stop_token_ids [int] (at most 256),
+//   ignore_eos bool, add_special_tokens bool (completions, default true), stream,
+//   stream_options.include_usage, stream_options.continuous_usage_stats, echo (completions),
+//   return_token_ids (token ids of the prompt and of each choice, as vLLM)
 #pragma once
 
 #include <cstdint>
@@ -59,7 +61,12 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // -1: no logprobs; k >= 0: each generated token's logprob and the k most likely (completions:
+  // `logprobs`; chat: `top_logprobs`, 0 when only `logprobs: true`).
+  int logprobs = -1;
 };
+
+inline constexpr int kMaxLogprobs = 20;  // OpenAI's bound on logprobs / top_logprobs
 
 inline constexpr int kMaxChoices = 16;  // n at most
 inline constexpr int kMaxPrompts = 64;  // prompts of one completions request at most

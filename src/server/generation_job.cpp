@@ -14,7 +14,7 @@ struct GenerationJob::State {
   struct Choice {
     bool first_token_seen = false;
     Clock::time_point last_tokens;
-    RequestStats last_stats;
+    int64_t last_passes = 0;  // RequestStats::n_passes at the previous output
     SpecMethod method = SpecMethod::kNone;
   };
 
@@ -48,13 +48,8 @@ bool GenerationJob::State::on_output(int i, const RequestOutput& o) noexcept {
       }
       c.last_tokens = now;
     }
-    SpecStep step;
-    step.method = c.method;
-    step.drafted = o.stats.n_drafted - c.last_stats.n_drafted;
-    step.accepted = o.stats.n_accepted - c.last_stats.n_accepted;
-    step.passes = o.stats.n_passes - c.last_stats.n_passes;
-    metrics.on_spec_step(step);
-    c.last_stats = o.stats;
+    metrics.on_target_passes(c.method, o.stats.n_passes - c.last_passes);
+    c.last_passes = o.stats.n_passes;
     if (o.finished) {
       metrics.on_finished(o.reason, std::chrono::duration<double>(now - arrival).count());
       in_flight.fetch_sub(1);
@@ -63,9 +58,12 @@ bool GenerationJob::State::on_output(int i, const RequestOutput& o) noexcept {
     ChoiceUpdate u;
     u.choice = i;
     u.tokens = o.tokens;
+    u.logprobs = o.logprobs;
     u.text = o.text;
     u.finished = o.finished;
     u.reason = o.reason;
+    u.stop_token = o.stop_token;
+    u.stop_string = o.stop_string;
     u.error = o.error;
     u.stats = o.stats;
     {
@@ -88,7 +86,7 @@ GenerationJob::~GenerationJob() {
   if (!done()) cancel();
 }
 
-std::string GenerationJob::submit(std::vector<Request> requests) {
+SubmitResult GenerationJob::submit(std::vector<Request> requests) {
   const int n = static_cast<int>(requests.size());
   state_->choices.resize(static_cast<size_t>(n));
   {
@@ -105,6 +103,7 @@ std::string GenerationJob::submit(std::vector<Request> requests) {
       result = engine_.submit(std::move(r));
     } catch (const std::exception& e) {  // out of memory: refused like any other request
       result.error = std::string("internal error: ") + e.what();
+      result.code = "internal_error";
     }
     if (!result.ok()) {
       // Choices i.. never run: their slots go back now; the submitted ones are cancelled and
@@ -115,11 +114,11 @@ std::string GenerationJob::submit(std::vector<Request> requests) {
         state_->unfinished -= n - i;
       }
       cancel();
-      return result.error;
+      return result;
     }
     ids_.push_back(result.id);
   }
-  return {};
+  return SubmitResult{};
 }
 
 void GenerationJob::wait(std::chrono::milliseconds timeout, std::vector<ChoiceUpdate>* out) {

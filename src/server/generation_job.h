@@ -27,9 +27,12 @@ namespace specdec::server {
 struct ChoiceUpdate {
   int choice = 0;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;  // [tokens] with logprobs
   std::string text;
   bool finished = false;
   StopReason reason = StopReason::kNone;
+  int32_t stop_token = -1;  // reason kStop: the stop token, or -1 and ...
+  std::string stop_string;  // ... the stop string
   std::string error;
   RequestStats stats;
 };
@@ -48,9 +51,9 @@ class GenerationJob {
   GenerationJob& operator=(const GenerationJob&) = delete;
 
   // Submits requests[i] as choice i (their on_output is set here). On a refusal, cancels the
-  // ones already submitted and returns the engine's reason; "" when all were accepted. Never
-  // throws: the in-flight count stays right whatever happens.
-  std::string submit(std::vector<Request> requests);
+  // ones already submitted and returns the engine's answer (its reason, field and code); ok()
+  // when all were accepted. Never throws: the in-flight count stays right whatever happens.
+  SubmitResult submit(std::vector<Request> requests);
   // Waits up to `timeout` for updates and moves them (in delivery order) to the end of *out.
   void wait(std::chrono::milliseconds timeout, std::vector<ChoiceUpdate>* out);
   // Every choice has finished and every update was taken.

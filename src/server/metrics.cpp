@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -71,9 +72,7 @@ ServerMetrics::ServerMetrics(SpecMethod configured, int num_draft)
                            0.075, 0.1,    0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5}),
          .e2e = Histogram({0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                            20.0, 30.0, 40.0, 50.0, 60.0, 120.0})} {
-  if (configured != SpecMethod::kNone) {
-    c_.spec[static_cast<size_t>(configured)].max_position = std::clamp(num_draft, 0, kMaxPositions);
-  }
+  if (configured != SpecMethod::kNone) num_positions_ = std::clamp(num_draft, 1, kMaxPositions);
 }
 
 void ServerMetrics::on_request_accepted(int64_t prompt_tokens) {
@@ -93,21 +92,10 @@ void ServerMetrics::on_tokens(int64_t n, double gap_s) {
   if (gap_s >= 0) c_.itl.observe(gap_s / static_cast<double>(n), static_cast<uint64_t>(n));
 }
 
-void ServerMetrics::on_spec_step(const SpecStep& step) {
-  if (step.passes <= 0 && step.drafted <= 0) return;
+void ServerMetrics::on_target_passes(SpecMethod method, int64_t passes) {
+  if (passes <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  SpecCounters& c = c_.spec[static_cast<size_t>(step.method)];
-  c.drafted += step.drafted;
-  c.accepted += step.accepted;
-  c.passes += step.passes;
-  // Per position only when the delta is one pass (always, as the engine delivers every step).
-  if (step.passes == 1 && step.drafted > 0) {
-    ++c.drafts;
-    const int64_t depth = std::min<int64_t>(step.accepted, kMaxPositions);
-    for (int64_t k = 0; k < depth; ++k) ++c.accepted_at[static_cast<size_t>(k)];
-    c.max_position =
-        std::max(c.max_position, static_cast<int>(std::min<int64_t>(step.drafted, kMaxPositions)));
-  }
+  c_.target_passes[static_cast<size_t>(method)] += passes;
 }
 
 void ServerMetrics::on_finished(StopReason reason, double e2e_s) {
@@ -171,42 +159,56 @@ std::string ServerMetrics::render(const EngineStats& es, int64_t in_flight, bool
   c.e2e.render(p + "e2e_request_latency_seconds",
                "Time from the request's arrival to its last token", &out);
 
-  // Speculation, one row per method that is configured or was used.
-  std::vector<SpecMethod> methods;
+  // Speculation, one row per method that is configured or was used: by name, as the engine
+  // counts them.
+  std::map<std::string, EngineStats::SpecCounters> spec = es.spec;
+  std::map<std::string, int64_t> passes;
   for (SpecMethod m : kMethods) {
-    const SpecCounters& sc = c.spec[static_cast<size_t>(m)];
-    if (m == configured_ || sc.passes > 0 || sc.drafted > 0) methods.push_back(m);
+    const int64_t n = c.target_passes[static_cast<size_t>(m)];
+    if (m == configured_ || n > 0) {
+      passes[spec_method_name(m)] = n;
+      spec.try_emplace(spec_method_name(m));
+    }
   }
+  using SpecCounters = EngineStats::SpecCounters;
   struct Series {
     const char* name;
     const char* help;
-    int64_t SpecCounters::*field;
+    int64_t SpecCounters::*field;  // null: target passes
   };
   const Series series[] = {
       {"spec_decode_num_draft_tokens_total", "Draft tokens verified by the target",
        &SpecCounters::drafted},
       {"spec_decode_num_accepted_tokens_total", "Draft tokens accepted", &SpecCounters::accepted},
       {"spec_decode_num_drafts_total", "Target passes that verified at least one draft token",
-       &SpecCounters::drafts},
-      {"spec_decode_target_passes_total", "Target passes of decode steps (with or without drafts)",
        &SpecCounters::passes},
+      {"spec_decode_target_passes_total", "Target passes of decode steps (with or without drafts)",
+       nullptr},
   };
   for (const Series& s : series) {
     header(p + s.name, "counter", s.help, &out);
-    for (SpecMethod m : methods) {
-      fmt::format_to(std::back_inserter(out), "{}{}{{method=\"{}\"}} {}\n", p, s.name,
-                     spec_method_name(m), c.spec[static_cast<size_t>(m)].*s.field);
+    for (const auto& [method, sc] : spec) {
+      const int64_t value = s.field != nullptr ? sc.*s.field : passes[method];
+      fmt::format_to(std::back_inserter(out), "{}{}{{method=\"{}\"}} {}\n", p, s.name, method,
+                     value);
     }
   }
   header(p + "spec_decode_num_accepted_tokens_per_pos_total", "counter",
-         "Drafts whose token at this position (0: the first draft token) was accepted", &out);
-  for (SpecMethod m : methods) {
-    const SpecCounters& sc = c.spec[static_cast<size_t>(m)];
-    for (int k = 0; k < sc.max_position; ++k) {
+         fmt::format("Drafts whose token at this position (0: the first draft token) was accepted "
+                     "(position {}: that one or a deeper one)",
+                     kMaxPositions - 1),
+         &out);
+  for (const auto& [method, sc] : spec) {
+    // The configured draft length's positions, and any other that counted something.
+    int shown = method == spec_method_name(configured_) ? num_positions_ : 0;
+    for (int k = 0; k < kMaxPositions; ++k) {
+      if (sc.accepted_at[static_cast<size_t>(k)] > 0) shown = std::max(shown, k + 1);
+    }
+    for (int k = 0; k < shown; ++k) {
       fmt::format_to(std::back_inserter(out),
                      "{}spec_decode_num_accepted_tokens_per_pos_total{{method=\"{}\",position=\"{}"
                      "\"}} {}\n",
-                     p, spec_method_name(m), k, sc.accepted_at[static_cast<size_t>(k)]);
+                     p, method, k, sc.accepted_at[static_cast<size_t>(k)]);
     }
   }
   return out;

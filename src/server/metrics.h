@@ -10,8 +10,11 @@
 //   histograms (seconds)        time_to_first_token, inter_token_latency, e2e_request_latency
 //   speculation, {method=...}   spec_decode_num_draft_tokens_total, _num_accepted_tokens_total,
 //                               _num_drafts_total (verification passes with drafts),
-//                               _target_passes_total, _num_accepted_tokens_per_pos_total
-//                               {position=k}: drafts whose token at depth k was accepted
+//                               _num_accepted_tokens_per_pos_total{position=k}: drafts whose
+//                               token at depth k + 1 was accepted (the engine's last position
+//                               counts the deeper ones too): EngineStats::spec, by method name;
+//                               _target_passes_total: decode passes of the method's requests,
+//                               with or without drafts (RequestStats::n_passes, from the server)
 //
 // Updated from the engine's loop thread (request callbacks) and read by HTTP threads: one
 // mutex, held for a few additions.
@@ -41,21 +44,13 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
-// One step of one request's speculation: how its cumulative RequestStats moved.
-struct SpecStep {
-  SpecMethod method = SpecMethod::kNone;
-  int64_t drafted = 0;   // draft tokens verified
-  int64_t accepted = 0;  // of them accepted (the accepted path's depth)
-  int64_t passes = 0;    // target passes (1 per decode step)
-};
-
 class ServerMetrics {
  public:
-  // The most draft positions reported per method (the engine's num_draft is at most 64).
-  static constexpr int kMaxPositions = 64;
+  // Positions reported per method: the engine's (deeper drafts count in the last).
+  static constexpr int kMaxPositions = EngineStats::SpecCounters::kPositions;
 
   // `configured`: the server's speculative method (its rows are shown even while zero);
-  // `num_draft`: its draft length bound (positions shown).
+  // `num_draft`: its draft length bound (positions shown, at most kMaxPositions).
   ServerMetrics(SpecMethod configured, int num_draft);
 
   // HTTP threads.
@@ -64,29 +59,21 @@ class ServerMetrics {
   void on_first_token(double ttft_s);
   // `n` tokens arrived `gap_s` after the previous ones: n inter-token latencies of gap_s / n.
   void on_tokens(int64_t n, double gap_s);
-  void on_spec_step(const SpecStep& step);
+  // `passes` more decode passes of a request speculating with `method`.
+  void on_target_passes(SpecMethod method, int64_t passes);
   void on_finished(StopReason reason, double e2e_s);
 
   // The exposition text; engine gauges and counters from `engine`.
   std::string render(const EngineStats& engine, int64_t in_flight, bool ready) const;
 
  private:
-  struct SpecCounters {
-    int64_t drafted = 0;
-    int64_t accepted = 0;
-    int64_t drafts = 0;
-    int64_t passes = 0;
-    std::array<int64_t, kMaxPositions> accepted_at{};
-    int max_position = 0;  // positions [0, max_position) are shown
-  };
-
   // Everything the callbacks update: copied under the lock, formatted without it (the loop
   // thread never waits for a render).
   struct Counters {
     int64_t prompt_tokens = 0;
     int64_t generation_tokens = 0;
-    std::array<int64_t, 5> finished{};   // by StopReason
-    std::array<SpecCounters, 3> spec{};  // by SpecMethod
+    std::array<int64_t, 5> finished{};       // by StopReason
+    std::array<int64_t, 3> target_passes{};  // by SpecMethod
     Histogram ttft;
     Histogram itl;
     Histogram e2e;
@@ -94,7 +81,8 @@ class ServerMetrics {
 
   mutable std::mutex mu_;
   SpecMethod configured_;
-  Counters c_;  // guarded by mu_
+  int num_positions_ = 0;  // per-position rows of the configured method
+  Counters c_;             // guarded by mu_
 };
 
 const char* spec_method_name(SpecMethod m);

@@ -170,6 +170,12 @@ def tiny(start_server) -> Server:
 
 
 @pytest.fixture(scope="session")
+def tiny_ngram(start_server) -> Server:
+    """The tiny model with n-gram speculation."""
+    return start_server(["-m", str(TINY), "--spec", "ngram"])
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(start_server) -> Server:
     """The tiny model with a draft model (tinystories280K) speculating."""
     return start_server(["-m", str(TINY), "--spec", "draft", "--draft-model", str(TINY_DRAFT)])

@@ -74,11 +74,21 @@ CASES = {
     "max_tokens huge": (COMPL, {"prompt": "x", "max_tokens": 2**40}, 400, "max_tokens", None),
     "max_completion_tokens negative": (CHAT, {"messages": MSGS, "max_completion_tokens": -1},
                                        400, "max_completion_tokens", None),
-    "logprobs": (COMPL, {"prompt": "x", "logprobs": 2}, 400, "logprobs", "not_supported"),
-    "chat logprobs": (CHAT, {"messages": MSGS, "logprobs": True}, 400, "logprobs",
-                      "not_supported"),
-    "chat top_logprobs": (CHAT, {"messages": MSGS, "top_logprobs": 3}, 400, "top_logprobs",
-                          "not_supported"),
+    "logprobs range": (COMPL, {"prompt": "x", "logprobs": 21}, 400, "logprobs", None),
+    "logprobs negative": (COMPL, {"prompt": "x", "logprobs": -1}, 400, "logprobs", None),
+    "logprobs type": (COMPL, {"prompt": "x", "logprobs": True}, 400, "logprobs", None),
+    "logprobs with echo": (COMPL, {"prompt": "x", "logprobs": 1, "echo": True}, 400, "logprobs",
+                           "not_supported"),
+    "chat logprobs type": (CHAT, {"messages": MSGS, "logprobs": 3}, 400, "logprobs", None),
+    "chat top_logprobs without logprobs": (CHAT, {"messages": MSGS, "top_logprobs": 3}, 400,
+                                           "top_logprobs", None),
+    "chat top_logprobs with logprobs false": (CHAT, {"messages": MSGS, "logprobs": False,
+                                                     "top_logprobs": 0}, 400, "top_logprobs",
+                                              None),
+    "chat top_logprobs range": (CHAT, {"messages": MSGS, "logprobs": True, "top_logprobs": 21},
+                                400, "top_logprobs", None),
+    "chat top_logprobs negative": (CHAT, {"messages": MSGS, "logprobs": True,
+                                          "top_logprobs": -1}, 400, "top_logprobs", None),
     "frequency_penalty": (COMPL, {"prompt": "x", "frequency_penalty": 0.5}, 400,
                           "frequency_penalty", "not_supported"),
     "logit_bias": (COMPL, {"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias",
@@ -115,8 +125,8 @@ def test_error_case(tiny, case):
     err = assert_error(got, json.loads(data), status, param, code)
     if case.startswith("prompt longer"):
         assert "maximum context length is 512 tokens, your prompt has 600" in err["message"]
-    if "logprobs" in case:
-        assert "logprobs are not supported yet" in err["message"]
+    if case.startswith("logprobs range"):
+        assert "'logprobs' must be in [0, 20], got 21" in err["message"]
     assert_still_serving(tiny)
 
 
