@@ -580,14 +580,26 @@ std::vector<float> run(Isa isa, const Weights& w, const std::vector<float>& x, i
   return y;
 }
 
-// The AVX-512 kernels on the packed copy of w (packed_weights.h).
-std::vector<float> run_packed(const Weights& w, const std::vector<float>& x, int64_t n,
-                              ThreadPool* pool) {
+// The AVX-512 or AVX2 kernels on the packed copy of w (packed_weights.h). packed_only: the
+// copy alone (no `data`, as for stacked matrices), which the packed kernels run for every n.
+std::vector<float> run_packed(Isa isa, const Weights& w, const std::vector<float>& x, int64_t n,
+                              ThreadPool* pool, bool packed_only = false) {
   const WeightMatrix m = w.matrix();
   const PackedWeights packed = PackedWeights::pack({&m, 1}, pool);
+  WeightMatrix pm = packed.stacked();
+  if (packed_only) pm.data = nullptr;
   std::vector<float> y(static_cast<size_t>(n * w.rows), -777.0f);
-  matmul_isa(Isa::kAvx512, packed.stacked(), x.data(), n, y.data(), pool);
+  matmul_isa(isa, pm, x.data(), n, y.data(), pool);
   return y;
+}
+
+// The ISAs of this machine with a kernel over packed weights.
+std::vector<Isa> packed_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (isa_supported(isa)) out.push_back(isa);
+  }
+  return out;
 }
 
 void expect_variants_equal_reference(GgmlType type, int64_t rows, int64_t cols, int64_t n,
@@ -604,12 +616,17 @@ void expect_variants_equal_reference(GgmlType type, int64_t rows, int64_t cols, 
                       << ", weight row " << at % rows << "): " << got[at] << " vs reference "
                       << want[at];
   }
-  if (isa_supported(Isa::kAvx512) && packable(type)) {
-    const std::vector<float> got = run_packed(w, x, n, pool);
-    const int64_t at = first_bit_difference(want, got);
-    ASSERT_EQ(at, -1) << "avx512 packed: first difference at " << at << " (x row " << at / rows
-                      << ", weight row " << at % rows << "): " << got[at] << " vs reference "
-                      << want[at];
+  if (!packable(type)) return;
+  for (Isa isa : packed_isas()) {
+    for (bool packed_only : {false, true}) {
+      if (packed_only && isa == Isa::kAvx512) continue;  // its n >= 32 path needs no rows
+      const std::vector<float> got = run_packed(isa, w, x, n, pool, packed_only);
+      const int64_t at = first_bit_difference(want, got);
+      ASSERT_EQ(at, -1) << isa_name(isa) << " packed" << (packed_only ? " only" : "")
+                        << ": first difference at " << at << " (x row " << at / rows
+                        << ", weight row " << at % rows << "): " << got[at] << " vs reference "
+                        << want[at];
+    }
   }
 }
 
@@ -658,6 +675,51 @@ TEST(Matmul, VariantsEqualReferenceAnyThreadCount) {
         for (int64_t n : {1, 5, 9}) {
           expect_variants_equal_reference(type, rows, cols, n,
                                           static_cast<uint32_t>(threads * 1000 + rows + n), &pool);
+        }
+      }
+    }
+  }
+}
+
+// The kernels over packed weights (AVX2: matmul_packed_avx2.cpp; AVX-512 where present) for
+// every row count of a verification or batching pass, 1..17 (full tiles of 8 and every tail),
+// with a ragged last block of 16 rows (37 rows: its second half of 8 holds 5), an odd number of
+// sub-blocks (96 columns) and both parities, with and without the file's rows beside the packed
+// copy, on one thread and on pools that share the blocks; n == 0 writes nothing.
+TEST(Matmul, PackedEqualsReferenceEveryRowCount) {
+  if (packed_isas().empty()) GTEST_SKIP() << "packed kernels need AVX2 or AVX-512";
+  ThreadPool pool2(2), pool3(3);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    for (int64_t cols : {32, 96, 256}) {
+      for (int64_t rows : {5, 16, 37}) {
+        const Weights w = make_weights(type, rows, cols, static_cast<uint32_t>(rows + cols), true);
+        for (int64_t n = 1; n <= 17; ++n) {
+          SCOPED_TRACE(std::string(type_name(type)) + " rows=" + std::to_string(rows) +
+                       " cols=" + std::to_string(cols) + " n=" + std::to_string(n));
+          const std::vector<float> x = make_activations(n, cols, static_cast<uint32_t>(7 * n));
+          const std::vector<float> want = run(Isa::kScalar, w, x, n, nullptr);
+          for (Isa isa : packed_isas()) {
+            for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+              for (bool packed_only : {false, true}) {
+                if (packed_only && isa == Isa::kAvx512) continue;
+                const std::vector<float> got = run_packed(isa, w, x, n, pool, packed_only);
+                const int64_t at = first_bit_difference(want, got);
+                ASSERT_EQ(at, -1) << isa_name(isa) << (packed_only ? " packed only" : " packed")
+                                  << " threads " << (pool ? pool->size() : 1)
+                                  << ": first difference at " << at << ": " << got[at]
+                                  << " vs reference " << want[at];
+              }
+            }
+          }
+        }
+        // An empty batch: a no-op that leaves y alone.
+        const WeightMatrix m = w.matrix();
+        const PackedWeights packed = PackedWeights::pack({&m, 1}, nullptr);
+        for (Isa isa : packed_isas()) {
+          std::vector<float> y(4, -3.0f);
+          const std::vector<float> x = make_activations(1, cols, 1);
+          matmul_isa(isa, packed.stacked(), x.data(), 0, y.data(), &pool2);
+          EXPECT_EQ(y, std::vector<float>(4, -3.0f));
         }
       }
     }
@@ -795,8 +857,8 @@ TEST(PackedWeights, LayoutHoldsEverySubBlockValue) {
 // Stacked matrices (Q/K/V packed as one) give each part's outputs in its columns, bit for bit,
 // in memory of their own or in a HugeArena shared by several packed matrices (as a model does).
 TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
-  if (!isa_supported(Isa::kAvx512)) {
-    GTEST_SKIP() << "packed kernels need AVX-512";
+  if (packed_isas().empty()) {
+    GTEST_SKIP() << "packed kernels need AVX2 or AVX-512";
   }
   ThreadPool pool(2);
   HugeArena shared_arena(size_t{64} << 10);  // small chunks: the pieces span several
@@ -810,24 +872,27 @@ TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
       const PackedWeights packed = PackedWeights::pack(parts, &pool, arena);
       EXPECT_EQ(packed.stacked().rows, 85);
       EXPECT_EQ(packed.stacked().data, nullptr);
-      for (int64_t n : {1, 3, 8, 13}) {
-        const std::vector<float> x = make_activations(n, 192, 7);
-        std::vector<float> y(static_cast<size_t>(n * 85));
-        matmul_isa(Isa::kAvx512, packed.stacked(), x.data(), n, y.data(), &pool);
-        int64_t col0 = 0;
-        for (size_t k = 0; k < 3; ++k) {
-          const Weights& part = k == 0 ? a : k == 1 ? b : c;
-          const std::vector<float> want = run(Isa::kScalar, part, x, n, nullptr);
-          std::vector<float> got_part(static_cast<size_t>(n * part.rows));
-          matmul_isa(Isa::kAvx512, packed.part(k), x.data(), n, got_part.data(), &pool);
-          EXPECT_EQ(first_bit_difference(want, got_part), -1) << "part " << k << " n=" << n;
-          for (int64_t i = 0; i < n; ++i) {
-            for (int64_t r = 0; r < part.rows; ++r) {
-              ASSERT_EQ(y[i * 85 + col0 + r], want[i * part.rows + r])
-                  << "part " << k << " n=" << n << " row " << i << " col " << r;
+      for (Isa isa : packed_isas()) {
+        for (int64_t n : {1, 3, 8, 13}) {
+          const std::vector<float> x = make_activations(n, 192, 7);
+          std::vector<float> y(static_cast<size_t>(n * 85));
+          matmul_isa(isa, packed.stacked(), x.data(), n, y.data(), &pool);
+          int64_t col0 = 0;
+          for (size_t k = 0; k < 3; ++k) {
+            const Weights& part = k == 0 ? a : k == 1 ? b : c;
+            const std::vector<float> want = run(Isa::kScalar, part, x, n, nullptr);
+            std::vector<float> got_part(static_cast<size_t>(n * part.rows));
+            matmul_isa(isa, packed.part(k), x.data(), n, got_part.data(), &pool);
+            EXPECT_EQ(first_bit_difference(want, got_part), -1)
+                << isa_name(isa) << " part " << k << " n=" << n;
+            for (int64_t i = 0; i < n; ++i) {
+              for (int64_t r = 0; r < part.rows; ++r) {
+                ASSERT_EQ(y[i * 85 + col0 + r], want[i * part.rows + r])
+                    << isa_name(isa) << " part " << k << " n=" << n << " row " << i << " col " << r;
+              }
             }
+            col0 += part.rows;
           }
-          col0 += part.rows;
         }
       }
       // A packed-only matrix cannot run on the other variants: a clear error, not a crash.

@@ -85,6 +85,12 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
     }
     return;
   }
+  if (isa == Isa::kAvx2 && w.packed != nullptr &&
+      (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
+    SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");
+    detail::packed_matmul_avx2(w, x, n, y, pool);
+    return;
+  }
   if (w.data == nullptr) {
     throw Error(std::string("matmul: this matrix exists only in the packed layout, which the ") +
                 isa_name(isa) + " kernels cannot read");
@@ -135,8 +141,12 @@ void matmul_swiglu(const WeightMatrix& w, const float* gu, int64_t n, float* y, 
 }
 
 void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes) {
-  if (w.packed == nullptr || active_isa() != Isa::kAvx512) return;
-  detail::packed_prefetch_avx512(w, ti, nt, max_bytes);
+  if (w.packed == nullptr) return;
+  if (active_isa() == Isa::kAvx512) {
+    detail::packed_prefetch_avx512(w, ti, nt, max_bytes);
+  } else if (active_isa() == Isa::kAvx2) {
+    detail::packed_prefetch_avx2(w, ti, nt, max_bytes);
+  }
 }
 
 void dequantize_row(const WeightMatrix& w, int64_t row, float* out) {

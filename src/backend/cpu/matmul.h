@@ -23,8 +23,9 @@ struct WeightMatrix {
   int64_t cols = 0;       // input features; a multiple of the type's block size
   int64_t row_bytes = 0;  // ggml_row_bytes(type, cols)
   // Optional copy of the same matrix in the row-interleaved layout of packed_weights.h, which
-  // the AVX-512 kernels read instead of `data` (null: none). `data` may be null when a matrix
-  // exists only packed (matrices stacked at load time, e.g. Q/K/V); only AVX-512 can run it.
+  // the AVX-512 kernels and the AVX2 kernels below 32 rows read instead of `data` (null: none).
+  // `data` may be null when a matrix exists only packed (matrices stacked at load time, e.g.
+  // Q/K/V); only the AVX-512 and AVX2 variants can run it.
   const uint8_t* packed = nullptr;
   int64_t packed_block_bytes = 0;  // bytes of one block of 16 rows in `packed`
 };
@@ -47,7 +48,7 @@ void matmul_swiglu(const WeightMatrix& w, const float* gu, int64_t n, float* y, 
 
 // A hint for thread `ti` of `nt` of a pool, while it has nothing else to do: brings up to
 // `max_bytes` of the weights it will read first in the next matmul(w, ...) over fewer than 32
-// rows into its cache (prefetcht1). Only the AVX-512 kernels over packed weights, whose
+// rows into its cache (prefetcht1). Only the AVX-512 and AVX2 kernels over packed weights, whose
 // threads start on fixed stretches of the matrix (stealing_split.h), use it; elsewhere a no-op.
 // Never changes a result.
 void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);

@@ -1,6 +1,8 @@
 // Row-interleaved ("packed") weights: a load-time copy of a Q4_0 / Q4_1 / Q8_0 matrix laid out
 // for the AVX-512 kernels, so that one vector load yields the codes of 16 weight rows at once and
 // a single broadcast activation group feeds a dot product against all 16 (lane r = weight row r).
+// The AVX2 kernels (matmul_packed_avx2.cpp) read the same layout as two halves of 8 rows: bytes
+// [32 h, 32 h + 32) of each 64-byte code vector, and 8 of the 16 f16 scales.
 // A pass over k activation rows then unpacks each weight once, keeps it in registers for all k
 // rows, and needs no horizontal reductions; this is what makes a verification pass over 8 tokens
 // cost little more than a decode step over 1.

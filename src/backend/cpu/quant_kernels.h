@@ -46,6 +46,11 @@ void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, floa
                           ThreadPool* pool, bool glu = false);
 // matmul_prefetch() for packed weights: the start of thread ti's stretch.
 void packed_prefetch_avx512(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);
+// The AVX2 kernel over packed weights (Q4_0, Q4_1 or Q8_0; any n, used below
+// kPackedPanelMinRows rows and for packed-only matrices) and its matmul_prefetch().
+void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                        ThreadPool* pool);
+void packed_prefetch_avx2(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);
 
 // Per-ISA activation quantization (exposed so tests can check it against the reference).
 void quantize_activations_avx2(const float* x, int64_t cols, int8_t* q, float* d, int32_t* s16);

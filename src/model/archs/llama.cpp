@@ -24,6 +24,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/packed_weights.h"
+#include "backend/cpu/quant_kernels.h"
 #include "backend/cpu/thread_pool.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -153,13 +154,14 @@ void LlamaModel::load_weights() {
   pack_weights();
 }
 
-// On machines with the AVX-512 kernels, Q4_0 / Q4_1 / Q8_0 matrices get a packed copy
-// (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each. The file's own bytes
-// stay mapped for the other kernels (and the embedding lookup). SPECDEC_PACKED_WEIGHTS=0 turns
-// packing off (for comparisons).
+// On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q8_0 matrices get a packed copy
+// (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each (AVX-512 passes use
+// the stacks; AVX2 passes below kPackedPanelMinRows rows too, larger ones multiply each part from
+// the file's rows). The file's own bytes stay mapped for the other kernels (prefill on AVX2, and
+// the embedding lookup). SPECDEC_PACKED_WEIGHTS=0 turns packing off (for comparisons).
 void LlamaModel::pack_weights() {
   const char* env = std::getenv("SPECDEC_PACKED_WEIGHTS");
-  if (!isa_supported(Isa::kAvx512) || (env != nullptr && std::strcmp(env, "0") == 0)) return;
+  if (!isa_supported(Isa::kAvx2) || (env != nullptr && std::strcmp(env, "0") == 0)) return;
   ThreadPool pool(2);
   // Packs `parts` stacked (rows concatenated); each part then points at its rows of the stack.
   auto pack = [&](std::initializer_list<WeightMatrix*> parts) -> WeightMatrix {
@@ -353,7 +355,11 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
       });
     }
     dump("attn_norm", l, xn, n, c.dim);
-    const bool stacked_qkv = w.qkv.packed != nullptr && active_isa() == Isa::kAvx512;
+    // The stacked Q/K/V and gate/up matrices exist only packed: AVX-512 reads them at any n,
+    // AVX2 below the row count where prefill's tile kernel (on the file's rows) takes over.
+    const bool stack_ok = active_isa() == Isa::kAvx512 ||
+                          (active_isa() == Isa::kAvx2 && n < detail::kPackedPanelMinRows);
+    const bool stacked_qkv = w.qkv.packed != nullptr && stack_ok;
     const int64_t width = c.q_dim() + 2 * kv_row;
     float* qkv = stacked_qkv ? grow(sc.qkv, n * width) : nullptr;  // [n, q_dim + 2 kv_dim]
     if (stacked_qkv) {
@@ -429,7 +435,7 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
       rmsnorm(x + i0 * c.dim, w.ffn_norm, c.rms_eps, i1 - i0, c.dim, xn + i0 * c.dim);
     });
     dump("attn_residual", l, x, n, c.dim);
-    if (w.gate_up.packed != nullptr && active_isa() == Isa::kAvx512) {
+    if (w.gate_up.packed != nullptr && stack_ok) {
       float* gu = grow(sc.gate_up, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim] gate | up
       matmul(w.gate_up, xn, n, gu, pool);
       if (dump_) {  // the activations exist as floats only for a dump
