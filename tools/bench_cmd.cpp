@@ -6,6 +6,7 @@
 //     flop_utilization_fp32_peak = the same against the fp32 FMA peak (the textbook FLOP peak)
 //   With --spec: the same prompts decoded plainly and speculatively (speedup, acceptance, ...).
 //   With --concurrency / --num-requests: the engine under load (bench_load.cpp).
+//   With --url http://HOST:PORT: the same requests sent to a server over HTTP (bench_url.cpp).
 //   Both: verify_cost_ratio = time(pass over 8 new tokens) / time(pass over 1), the median of
 //     adjacent pairs; verify_cost_ratio_best = fastest 8-token pass / fastest 1-token pass.
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "backend/cpu/thread_pool.h"
 #include "bench_load.h"
 #include "bench_spec.h"
+#include "bench_url.h"
 #include "calibration.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -54,7 +56,9 @@ struct BenchOptions {
   SamplingParams sampling;
   int ctx_size = 4096;
   std::string kv_type = "f16";
+  std::string device = "cpu";
   LoadOptions load;  // --concurrency / --num-requests: the load mode (bench_load.h)
+  UrlOptions url;    // --url: the load mode's requests sent to a server (bench_url.h)
 };
 
 // FLOPs of one prefill pass over n tokens from an empty cache: every weight matmul for every
@@ -95,18 +99,28 @@ void roofline_bench(const BenchOptions& o, Model& model, ThreadPool& pool, nlohm
                             o.n_gen, c.n_ctx_train));
   }
   KvCache kv = model.make_kv_cache(o.n_prompt + o.n_gen + 8, kv_type_from_option(o.kv_type));
-  if (!quiet) fmt::print(stderr, "measuring memory bandwidth and FLOP peak ...\n");
-  double bw_gbs = measure_read_bandwidth_gbs(&pool);
+  // On the GPU: its measured device-memory bandwidth is the roofline (no FLOP peak measured).
+  const bool gpu = device_from_option(o.device) == Device::kCuda;
+  if (!quiet) {
+    fmt::print(stderr, "{}\n", gpu ? "measuring GPU memory bandwidth ..."
+                                    : "measuring memory bandwidth and FLOP peak ...");
+  }
+  auto measure_bandwidth = [&] {
+    return gpu ? gpu_bandwidth_gbs() : measure_read_bandwidth_gbs(&pool);
+  };
+  double bw_gbs = measure_bandwidth();
   // The peak of the arithmetic the prefill matmuls run on: quantized weights multiply 8-bit
   // activations with integer dot products (VNNI / maddubs), float weights use fp32 FMA.
   const bool quantized = mostly_quantized(model);
   auto measure_peak = [&] {
+    if (gpu) return 0.0;
     return quantized ? measure_peak_int8_gops(active_isa(), &pool)
                      : measure_peak_gflops(active_isa(), &pool);
   };
   double peak_gflops = measure_peak();
   // The fp32 FMA peak too: the textbook FLOP peak, four times below the int8 one with VNNI.
-  double fp32_peak_gflops = measure_peak_gflops(active_isa(), &pool);
+  auto measure_fp32_peak = [&] { return gpu ? 0.0 : measure_peak_gflops(active_isa(), &pool); };
+  double fp32_peak_gflops = measure_fp32_peak();
 
   // Prefill: one pass over n_prompt tokens from an empty cache, best of the repetitions.
   const std::vector<int32_t> prompt = synthetic_tokens(o.n_prompt, c.n_vocab, 1);
@@ -127,7 +141,7 @@ void roofline_bench(const BenchOptions& o, Model& model, ThreadPool& pool, nlohm
   }
   // As for the bandwidth below: measured again after the work, the larger figure kept.
   peak_gflops = std::max(peak_gflops, measure_peak());
-  fp32_peak_gflops = std::max(fp32_peak_gflops, measure_peak_gflops(active_isa(), &pool));
+  fp32_peak_gflops = std::max(fp32_peak_gflops, measure_fp32_peak());
   const double prefill_tok_s = o.n_prompt > 0 ? o.n_prompt / prefill_best : 0;
   const double prefill_gflops =
       o.n_prompt > 0 ? prefill_flops(c, o.n_prompt) / prefill_best / 1e9 : 0;
@@ -155,7 +169,7 @@ void roofline_bench(const BenchOptions& o, Model& model, ThreadPool& pool, nlohm
   const double decode_tok_s = o.n_gen > 0 ? o.n_gen / decode_best : 0;
   // The machine's bandwidth drifts (shared host): measure it again right after decoding and keep
   // the larger figure, so the utilization is never flattered by a slow first measurement.
-  bw_gbs = std::max(bw_gbs, measure_read_bandwidth_gbs(&pool));
+  bw_gbs = std::max(bw_gbs, measure_bandwidth());
   const double bytes_per_token = static_cast<double>(model.weight_bytes());
   const double achieved_gbs = bytes_per_token * decode_tok_s / 1e9;
 
@@ -167,49 +181,65 @@ void roofline_bench(const BenchOptions& o, Model& model, ThreadPool& pool, nlohm
   j["weight_bytes_per_token"] = bytes_per_token;
   j["decode_gbs"] = achieved_gbs;
   j["measured_bandwidth_gbs"] = bw_gbs;
+  j["bandwidth_utilization"] = achieved_gbs / bw_gbs;
+  if (gpu) {
+    j["gpu_bandwidth_gbs"] = bw_gbs;
+    return;  // no FLOP peak of the GPU measured
+  }
   j["measured_peak_gflops"] = peak_gflops;
   j["peak_kind"] = quantized ? "int8 dot product (VNNI/maddubs), 2 ops per multiply-add"
                              : "fp32 FMA, 2 FLOPs per lane";
-  j["bandwidth_utilization"] = achieved_gbs / bw_gbs;
   j["flop_utilization"] = prefill_gflops / peak_gflops;
   j["measured_fp32_peak_gflops"] = fp32_peak_gflops;
   j["flop_utilization_fp32_peak"] = prefill_gflops / fp32_peak_gflops;
 }
 
+LoadBenchInput load_bench_input(const BenchOptions& o) {
+  LoadBenchInput in;
+  in.model = o.model;
+  in.threads = o.threads;
+  in.prompts_file = o.prompts_file;
+  in.chat = o.chat;
+  in.sampling = o.sampling;
+  in.n_prompt = o.n_prompt;
+  in.n_gen = o.n_gen;
+  in.ctx_size = o.ctx_size;
+  in.kv_type = o.kv_type;
+  in.device = o.device;
+  in.spec = o.spec;
+  in.repeats = o.prompt_repeats;
+  in.interleave = o.interleave;
+  in.json = o.output_format == "json";
+  return in;
+}
+
 void run_bench(BenchOptions& o) {
+  if (url_mode_requested(o.url)) {
+    run_url_bench(o.url, o.load, load_bench_input(o));
+    return;
+  }
   if (load_mode_requested(o.load)) {
-    LoadBenchInput in;
-    in.model = o.model;
-    in.threads = o.threads;
-    in.prompts_file = o.prompts_file;
-    in.chat = o.chat;
-    in.sampling = o.sampling;
-    in.n_prompt = o.n_prompt;
-    in.n_gen = o.n_gen;
-    in.ctx_size = o.ctx_size;
-    in.kv_type = o.kv_type;
-    in.spec = o.spec;
-    in.repeats = o.prompt_repeats;
-    in.interleave = o.interleave;
-    in.json = o.output_format == "json";
-    run_load_bench(o.load, in);
+    run_load_bench(o.load, load_bench_input(o));
     return;
   }
   const bool quiet = o.output_format == "json";
   const std::string path = resolve_model_path(o.model);
-  std::unique_ptr<Model> model = load_model_with_progress(path, quiet);
+  const Device device = device_from_option(o.device);
+  std::unique_ptr<Model> model = load_model_with_progress(path, quiet, device);
   const ModelConfig& c = model->config();
   const int threads = o.threads > 0 ? o.threads : default_threads();
   ThreadPool pool(threads);
   o.sampling.validate();
   const int64_t ctx = std::min<int64_t>(o.ctx_size, c.n_ctx_train);
-  SpecSetup spec = make_spec(o.spec, *model, &pool, ctx, o.sampling, quiet);
+  SpecSetup spec = make_spec(o.spec, *model, &pool, ctx, o.sampling, quiet, device);
 
   nlohmann::json j;
   j["model"] = path;
   j["threads"] = threads;
   j["isa"] = isa_name(active_isa());
   j["kv_type"] = o.kv_type;
+  j["device"] = device_name(device);
+  if (device == Device::kCuda) j["gpu"] = gpu_name();  // gpu_bandwidth_gbs: roofline_bench
   if (!spec.proposer && !o.calibrate) roofline_bench(o, *model, pool, j);
   const int verify_context = std::clamp(o.n_prompt, 1, c.n_ctx_train - 16);
   if (o.calibrate) {  // only the cost model's constants, written for the engine commands
@@ -285,7 +315,16 @@ void run_bench(BenchOptions& o) {
   }
   fmt::print("model: {}\nthreads: {}, kernels: {}, KV cache: {}\n", c.summary(), threads,
              j["isa"].get<std::string>(), o.kv_type);
-  if (j.contains("prefill_tok_s")) {
+  if (j.contains("gpu")) fmt::print("device: cuda, gpu: {}\n", j["gpu"].get<std::string>());
+  if (j.contains("prefill_tok_s") && !j.contains("measured_peak_gflops")) {  // on the GPU
+    fmt::print("measured GPU memory bandwidth: {:.1f} GB/s\n",
+               j["measured_bandwidth_gbs"].get<double>());
+    fmt::print("prefill ({} tokens): {:.1f} tok/s\n", o.n_prompt, j["prefill_tok_s"].get<double>());
+    fmt::print("decode (batch 1, {} tokens): {:.1f} tok/s, {:.1f} MB/token, {:.1f} GB/s = {:.1f}% "
+               "of measured bandwidth\n",
+               o.n_gen, j["decode_tok_s"].get<double>(), j["weight_bytes_per_token"].get<double>() / 1e6,
+               j["decode_gbs"].get<double>(), 100 * j["bandwidth_utilization"].get<double>());
+  } else if (j.contains("prefill_tok_s")) {
     fmt::print("measured read bandwidth: {:.1f} GB/s, measured peak: {:.1f} G op/s ({})\n",
                j["measured_bandwidth_gbs"].get<double>(), j["measured_peak_gflops"].get<double>(),
                j["peak_kind"].get<std::string>());
@@ -358,10 +397,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->ctx_size, "Context size for --spec runs")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   add_kv_type_option(cmd, &o->kv_type);
+  add_device_option(cmd, &o->device);
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   add_spec_options(cmd, &o->spec);
   add_load_options(cmd, &o->load);
+  add_url_options(cmd, &o->url);
   cmd->callback([o] { run_bench(*o); });
 }
 

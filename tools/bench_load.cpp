@@ -6,6 +6,7 @@
 // generates exactly its output length), or a JSONL file (--prompts: one request a line, a JSON
 // string or an object with a "prompt" or "text" field; up to -n tokens, stopping at the model's
 // end-of-generation tokens). --prefix-len N puts the same N synthetic tokens before every prompt.
+// (The requests and the latency figures are load_figures.h's, shared with the URL mode.)
 //
 // A run: a fresh engine (empty prefix cache), `concurrency` requests in flight (the next one
 // submitted when one finishes), engine.step() on this thread until all have finished; per
@@ -41,11 +42,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -56,6 +55,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/thread_pool.h"
 #include "cli_common.h"
+#include "load_figures.h"
 #include "model/model.h"
 #include "specdec/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -66,24 +66,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct LoadRequest {
-  int64_t index = 0;  // position in the synthetic set, or 0-based line of the prompts file
-  std::vector<int32_t> prompt;
-  int max_tokens = 1;
-};
-
-struct Dataset {
-  std::vector<LoadRequest> requests;
-  bool synthetic = true;
-  nlohmann::ordered_json description;
-};
-
 // What one request of one run went through (times in seconds since the run started).
 struct RequestRecord {
-  double submit_s = 0;
-  double first_s = -1;
-  double end_s = -1;
-  std::vector<double> chunk_s;  // each streamed chunk with tokens
+  RequestTiming timing;  // output_tokens and error are set when the figures are made
   std::vector<int32_t> tokens;
   std::string text;
   StopReason reason = StopReason::kNone;
@@ -113,154 +98,11 @@ std::string cpu_name() {
 }
 
 void check_options(const LoadOptions& o, const LoadBenchInput& in) {
-  if (o.concurrency != -1 && o.concurrency < 1) {
-    throw Error(fmt::format("--concurrency must be at least 1, got {}", o.concurrency));
-  }
-  if (o.num_requests != -1 && o.num_requests < 1) {
-    throw Error(fmt::format("--num-requests must be at least 1, got {}", o.num_requests));
-  }
-  if (o.input_stdev < 0) {
-    throw Error(fmt::format("--input-stdev must not be negative, got {}", o.input_stdev));
-  }
-  if (o.output_stdev < 0) {
-    throw Error(fmt::format("--output-stdev must not be negative, got {}", o.output_stdev));
-  }
-  if (o.prefix_len < 0) {
-    throw Error(fmt::format("--prefix-len must not be negative, got {}", o.prefix_len));
-  }
+  check_dataset_options(o, in);
   if (in.interleave) throw Error("--interleave does not apply to the load mode (--concurrency)");
-  if (!in.prompts_file.empty()) {
-    if (o.input_mean != -1 || o.output_mean != -1 || o.input_stdev != 0 || o.output_stdev != 0) {
-      throw Error(
-          "--input-mean/--input-stdev/--output-mean/--output-stdev describe synthetic requests; "
-          "with --prompts the output length is -n");
-    }
-    if (in.n_gen < 1) throw Error(fmt::format("-n must be at least 1, got {}", in.n_gen));
-  } else {
-    const double input_mean = o.input_mean != -1 ? o.input_mean : in.n_prompt;
-    const double output_mean = o.output_mean != -1 ? o.output_mean : in.n_gen;
-    if (input_mean < 1) {
-      throw Error(fmt::format("--input-mean must be at least 1, got {}", input_mean));
-    }
-    if (output_mean < 1) {
-      throw Error(fmt::format("--output-mean must be at least 1, got {}", output_mean));
-    }
-    if (in.chat) throw Error("--chat needs --prompts (synthetic prompts are token ids)");
-  }
 }
 
-// A length from N(mean, stdev), rounded and clamped to [lo, hi].
-int draw_length(std::mt19937_64& rng, double mean, double stdev, int lo, int hi) {
-  double x = mean;
-  if (stdev > 0) x = std::normal_distribution<double>(mean, stdev)(rng);
-  const double clamped =
-      std::clamp(std::round(x), static_cast<double>(lo), static_cast<double>(hi));
-  return static_cast<int>(clamped);
-}
-
-std::vector<int32_t> random_tokens(std::mt19937_64& rng, int n, int n_vocab) {
-  std::uniform_int_distribution<int32_t> dist(std::min(3, n_vocab - 1), n_vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = dist(rng);
-  return t;
-}
-
-// One request a non-blank line: a JSON string, or an object with a "prompt" or "text" string.
-// Returns (0-based line, text) pairs.
-std::vector<std::pair<int64_t, std::string>> read_prompt_lines(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("{}: cannot open prompts file", path));
-  std::vector<std::pair<int64_t, std::string>> prompts;
-  std::string line;
-  for (int64_t line_no = 0; std::getline(in, line); ++line_no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(line);
-    } catch (const nlohmann::ordered_json::exception& e) {
-      throw Error(fmt::format("{}:{}: not JSON: {}", path, line_no + 1, e.what()));
-    }
-    if (j.is_string()) {
-      prompts.emplace_back(line_no, j.get<std::string>());
-    } else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
-      prompts.emplace_back(line_no, j["prompt"].get<std::string>());
-    } else if (j.is_object() && j.contains("text") && j["text"].is_string()) {
-      prompts.emplace_back(line_no, j["text"].get<std::string>());
-    } else {
-      throw Error(fmt::format(
-          "{}:{}: expected a JSON string or an object with a \"prompt\" or \"text\" string", path,
-          line_no + 1));
-    }
-  }
-  if (prompts.empty()) throw Error(fmt::format("{}: no prompts", path));
-  return prompts;
-}
-
-Dataset make_dataset(const LoadOptions& o, const LoadBenchInput& in, const Tokenizer& tok,
-                     int n_vocab, int64_t ctx, int* num_requests) {
-  Dataset ds;
-  std::mt19937_64 rng(in.sampling.seed);
-  if (o.prefix_len > ctx - 2) {
-    throw Error(
-        fmt::format("--prefix-len {} leaves no room for a prompt and an output in the "
-                    "context of {} tokens",
-                    o.prefix_len, ctx));
-  }
-  const std::vector<int32_t> prefix = random_tokens(rng, o.prefix_len, n_vocab);
-  const int room = static_cast<int>(ctx) - o.prefix_len;  // prompt + output tokens
-  if (in.prompts_file.empty()) {
-    ds.synthetic = true;
-    const double input_mean = o.input_mean != -1 ? o.input_mean : in.n_prompt;
-    const double output_mean = o.output_mean != -1 ? o.output_mean : in.n_gen;
-    ds.description = {{"kind", "synthetic"},
-                      {"input_mean", input_mean},
-                      {"input_stdev", o.input_stdev},
-                      {"output_mean", output_mean},
-                      {"output_stdev", o.output_stdev},
-                      {"prefix_len", o.prefix_len},
-                      {"seed", in.sampling.seed}};
-    for (int i = 0; i < *num_requests; ++i) {
-      LoadRequest r;
-      r.index = i;
-      const int n_in = draw_length(rng, input_mean, o.input_stdev, 1, room - 1);
-      r.max_tokens = draw_length(rng, output_mean, o.output_stdev, 1, room - n_in);
-      r.prompt = prefix;
-      const std::vector<int32_t> own = random_tokens(rng, n_in, n_vocab);
-      r.prompt.insert(r.prompt.end(), own.begin(), own.end());
-      ds.requests.push_back(std::move(r));
-    }
-    return ds;
-  }
-  ds.synthetic = false;
-  const auto lines = read_prompt_lines(in.prompts_file);
-  if (*num_requests == -1) *num_requests = static_cast<int>(lines.size());
-  if (*num_requests > static_cast<int>(lines.size())) {
-    throw Error(fmt::format("--num-requests {} exceeds the {} prompts of {} (each is sent once)",
-                            *num_requests, lines.size(), in.prompts_file));
-  }
-  ds.description = {{"kind", "prompts"}, {"file", in.prompts_file},    {"chat", in.chat},
-                    {"n_gen", in.n_gen}, {"prefix_len", o.prefix_len}, {"seed", in.sampling.seed}};
-  for (int i = 0; i < *num_requests; ++i) {
-    const auto& [line_no, text] = lines[static_cast<size_t>(i)];
-    LoadRequest r;
-    r.index = line_no;
-    r.prompt = prefix;
-    const std::vector<int32_t> own =
-        in.chat ? tok.encode(tok.apply_chat_template({{"user", text}}, true), false, true)
-                : tok.encode(text, true, true);
-    r.prompt.insert(r.prompt.end(), own.begin(), own.end());
-    const int64_t n = static_cast<int64_t>(r.prompt.size());
-    if (n + 1 > ctx) {
-      throw Error(fmt::format("{}:{}: a prompt of {} tokens does not fit the context of {}",
-                              in.prompts_file, line_no + 1, n, ctx));
-    }
-    r.max_tokens = static_cast<int>(std::min<int64_t>(in.n_gen, ctx - n));
-    ds.requests.push_back(std::move(r));
-  }
-  return ds;
-}
-
-Request make_request(const LoadRequest& lr, const Dataset& ds, const SamplingParams& sampling,
+Request make_request(const LoadRequest& lr, const LoadDataset& ds, const SamplingParams& sampling,
                      const SpecParams& spec) {
   Request r;
   r.prompt = lr.prompt;
@@ -274,7 +116,7 @@ Request make_request(const LoadRequest& lr, const Dataset& ds, const SamplingPar
 // Warms the thread pool, caches and the kernels' scratch up with one short request on a small
 // engine of the same configuration.
 void warm_up(Model& model, const Tokenizer* tok, ThreadPool* pool, EngineConfig config,
-             const Dataset& ds, const SamplingParams& sampling, const SpecParams& spec) {
+             const LoadDataset& ds, const SamplingParams& sampling, const SpecParams& spec) {
   const LoadRequest& first = ds.requests.front();
   const int64_t slots = static_cast<int64_t>(first.prompt.size()) + 16 + 64;
   config.kv_blocks = static_cast<int32_t>(slots / config.block_size + 2);
@@ -286,7 +128,7 @@ void warm_up(Model& model, const Tokenizer* tok, ThreadPool* pool, EngineConfig 
 }
 
 RunResult run_once(Model& model, const Tokenizer* tok, ThreadPool* pool, const EngineConfig& config,
-                   const Dataset& ds, const SamplingParams& sampling, const SpecParams& spec,
+                   const LoadDataset& ds, const SamplingParams& sampling, const SpecParams& spec,
                    int concurrency, const std::string& label) {
   const int n = static_cast<int>(ds.requests.size());
   RunResult result;
@@ -302,13 +144,13 @@ RunResult run_once(Model& model, const Tokenizer* tok, ThreadPool* pool, const E
     r.on_output = [&rec, &in_flight, &done, t0](const RequestOutput& out) {
       const double t = seconds_since(t0);
       if (!out.tokens.empty()) {
-        rec.chunk_s.push_back(t);
-        if (rec.first_s < 0) rec.first_s = t;
+        rec.timing.chunk_s.push_back(t);
+        if (rec.timing.first_s < 0) rec.timing.first_s = t;
         rec.tokens.insert(rec.tokens.end(), out.tokens.begin(), out.tokens.end());
       }
       rec.text += out.text;
       if (out.finished) {
-        rec.end_s = t;
+        rec.timing.end_s = t;
         rec.reason = out.reason;
         rec.error = out.error;
         rec.stats = out.stats;
@@ -318,14 +160,14 @@ RunResult run_once(Model& model, const Tokenizer* tok, ThreadPool* pool, const E
       return true;
     };
     ++next;
-    rec.submit_s = seconds_since(t0);
+    rec.timing.submit_s = seconds_since(t0);
     const SubmitResult s = engine.submit(std::move(r));
     if (s.ok()) {
       ++in_flight;
     } else {
       rec.submit_error = true;
       rec.error = s.error;
-      rec.end_s = rec.submit_s;
+      rec.timing.end_s = rec.timing.submit_s;
       ++done;
     }
   };
@@ -352,79 +194,30 @@ RunResult run_once(Model& model, const Tokenizer* tok, ThreadPool* pool, const E
   return result;
 }
 
-struct Distribution {
-  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
-};
-
-double percentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  const double pos = p / 100.0 * static_cast<double>(sorted.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
-}
-
-Distribution distribution(std::vector<double> v) {
-  Distribution d;
-  if (v.empty()) return d;
-  std::sort(v.begin(), v.end());
-  double sum = 0;
-  for (double x : v) sum += x;
-  d.mean = sum / static_cast<double>(v.size());
-  d.p50 = percentile(v, 50);
-  d.p90 = percentile(v, 90);
-  d.p99 = percentile(v, 99);
-  return d;
-}
-
-nlohmann::ordered_json distribution_json(const Distribution& d) {
-  return {{"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}};
-}
-
 // The figures of one mode over its runs.
 struct ModeFigures {
-  std::vector<double> ttft_ms, tpot_ms, itl_ms, e2e_ms;
-  std::vector<double> throughput_runs, requests_per_s_runs;
-  int64_t errors = 0, output_tokens = 0, input_tokens = 0, completed = 0;
-  double wall_s = 0;
+  LatencyFigures latency;
+  int64_t input_tokens = 0;
   int64_t kv_blocks_total = 0, kv_blocks_peak = 0, kv_pool_bytes = 0, preemptions = 0;
   int64_t prefix_queried = 0, prefix_hit = 0;
   int64_t drafted = 0, accepted = 0, decode_passes = 0, decode_tokens = 0;
 
-  void add(const RunResult& run, const Dataset& ds) {
-    int64_t run_tokens = 0, run_completed = 0;
+  void add(const RunResult& run, const LoadDataset& ds) {
     for (size_t i = 0; i < run.records.size(); ++i) {
       const RequestRecord& r = run.records[i];
       input_tokens += static_cast<int64_t>(ds.requests[i].prompt.size());
-      if (r.submit_error) {
-        ++errors;
-        continue;
-      }
-      if (r.reason == StopReason::kError) ++errors;
-      ++run_completed;
-      const auto n_out = static_cast<int64_t>(r.tokens.size());
-      run_tokens += n_out;
-      const double e2e = (r.end_s - r.submit_s) * 1e3;
-      e2e_ms.push_back(e2e);
-      if (r.first_s >= 0) {
-        const double ttft = (r.first_s - r.submit_s) * 1e3;
-        ttft_ms.push_back(ttft);
-        if (n_out >= 2) tpot_ms.push_back((e2e - ttft) / static_cast<double>(n_out - 1));
-      }
-      for (size_t c = 1; c < r.chunk_s.size(); ++c) {
-        itl_ms.push_back((r.chunk_s[c] - r.chunk_s[c - 1]) * 1e3);
-      }
+      RequestTiming t = r.timing;
+      t.output_tokens = static_cast<int64_t>(r.tokens.size());
+      t.error = r.submit_error || r.reason == StopReason::kError;
+      t.counted = !r.submit_error;
+      latency.add_request(t);
+      if (r.submit_error) continue;
       drafted += r.stats.n_drafted;
       accepted += r.stats.n_accepted;
       decode_passes += r.stats.n_passes;
       decode_tokens += std::max<int64_t>(0, r.stats.n_generated - 1);
     }
-    output_tokens += run_tokens;
-    completed += run_completed;
-    wall_s += run.wall_s;
-    throughput_runs.push_back(run.wall_s > 0 ? static_cast<double>(run_tokens) / run.wall_s : 0);
-    requests_per_s_runs.push_back(run.wall_s > 0 ? static_cast<double>(run_completed) / run.wall_s
-                                                 : 0);
+    latency.end_run(run.wall_s);
     kv_blocks_total = run.engine.kv_blocks_total;
     kv_blocks_peak = std::max(kv_blocks_peak, run.engine.kv_blocks_peak);
     kv_pool_bytes = run.engine.kv_pool_bytes;
@@ -433,12 +226,7 @@ struct ModeFigures {
     prefix_hit += run.engine.prefix_blocks_hit;
   }
 
-  static double mean(const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0 : s / static_cast<double>(v.size());
-  }
-  double throughput() const { return mean(throughput_runs); }
+  double throughput() const { return latency.throughput(); }
   double acceptance_rate() const {
     return drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
   }
@@ -454,20 +242,13 @@ struct ModeFigures {
   nlohmann::ordered_json to_json(int num_requests, int concurrency,
                                  const std::string& method) const {
     nlohmann::ordered_json j;
-    j["throughput_tok_s"] = throughput();
-    j["throughput_tok_s_runs"] = throughput_runs;
-    j["requests_per_s"] = mean(requests_per_s_runs);
-    j["ttft_ms"] = distribution_json(distribution(ttft_ms));
-    j["tpot_ms"] = distribution_json(distribution(tpot_ms));
-    j["itl_ms"] = distribution_json(distribution(itl_ms));
-    j["e2e_ms"] = distribution_json(distribution(e2e_ms));
-    j["errors"] = errors;
+    latency.to_json(&j);
     j["num_requests"] = num_requests;
     j["concurrency"] = concurrency;
-    j["runs"] = throughput_runs.size();
+    j["runs"] = latency.throughput_runs.size();
     j["input_tokens"] = input_tokens;
-    j["output_tokens"] = output_tokens;
-    j["wall_s"] = wall_s;
+    j["output_tokens"] = latency.output_tokens;
+    j["wall_s"] = latency.wall_s;
     j["kv_blocks_total"] = kv_blocks_total;
     j["kv_blocks_peak"] = kv_blocks_peak;
     j["kv_pool_bytes"] = kv_pool_bytes;
@@ -488,7 +269,7 @@ struct ModeFigures {
   }
 };
 
-void dump_run(std::ofstream& out, const RunResult& run, const Dataset& ds, const char* mode) {
+void dump_run(std::ofstream& out, const RunResult& run, const LoadDataset& ds, const char* mode) {
   for (size_t i = 0; i < run.records.size(); ++i) {
     const RequestRecord& r = run.records[i];
     nlohmann::ordered_json j;
@@ -503,18 +284,7 @@ void dump_run(std::ofstream& out, const RunResult& run, const Dataset& ds, const
 }
 
 void print_mode(const char* name, const ModeFigures& f) {
-  const Distribution ttft = distribution(f.ttft_ms), tpot = distribution(f.tpot_ms),
-                     itl = distribution(f.itl_ms), e2e = distribution(f.e2e_ms);
-  fmt::print("{:<5}  {:9.1f} tok/s  {:7.2f} req/s  errors {}\n", name, f.throughput(),
-             ModeFigures::mean(f.requests_per_s_runs), f.errors);
-  auto row = [](const char* what, const Distribution& d) {
-    fmt::print("       {:<5} ms  mean {:9.2f}  p50 {:9.2f}  p90 {:9.2f}  p99 {:9.2f}\n", what,
-               d.mean, d.p50, d.p90, d.p99);
-  };
-  row("TTFT", ttft);
-  row("TPOT", tpot);
-  row("ITL", itl);
-  row("E2E", e2e);
+  f.latency.print(name);
   fmt::print(
       "       KV blocks peak {}/{} ({:.1f} MiB pool), prefix cache hit rate {:.1f}%, "
       "preemptions {}\n",
@@ -565,15 +335,18 @@ void run_load_bench(const LoadOptions& o, const LoadBenchInput& in) {
   if (num_requests == -1 && in.prompts_file.empty()) num_requests = concurrency * 4;
 
   const std::string path = resolve_model_path(in.model);
-  std::unique_ptr<Model> model = load_model_with_progress(path, in.json);
-  std::unique_ptr<Model> draft = load_draft_model(in.spec, in.json);
+  const Device device = device_from_option(in.device);
+  std::unique_ptr<Model> model = load_model_with_progress(path, in.json, device);
+  std::unique_ptr<Model> draft = load_draft_model(in.spec, in.json, device);
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file());
   const ModelConfig& c = model->config();
   const int threads = in.threads > 0 ? in.threads : default_threads();
   ThreadPool pool(threads);
   const int64_t ctx = std::min<int64_t>(in.ctx_size, c.n_ctx_train > 0 ? c.n_ctx_train : 4096);
   const EngineConfig config = make_engine_config(o.engine, in.kv_type, ctx, draft.get(), in.json);
-  const Dataset ds = make_dataset(o, in, *tok, c.n_vocab, ctx, &num_requests);
+  TokenSpace space;
+  space.n_vocab = c.n_vocab;
+  const LoadDataset ds = make_load_dataset(o, in, space, ctx, tok.get(), &num_requests);
 
   std::ofstream dump;
   if (!o.dump_outputs.empty()) {
@@ -600,10 +373,11 @@ void run_load_bench(const LoadOptions& o, const LoadBenchInput& in) {
                                  concurrency, "spec" + suffix);
     spec_figures.add(s, ds);
     if (r == 0 && dump.is_open()) dump_run(dump, s, ds, "spec");
-    const double plain_tps = plain_figures.throughput_runs.back();
-    pair_speedups.push_back(plain_tps > 0 ? spec_figures.throughput_runs.back() / plain_tps : 0);
+    const double plain_tps = plain_figures.latency.throughput_runs.back();
+    const double spec_tps = spec_figures.latency.throughput_runs.back();
+    pair_speedups.push_back(plain_tps > 0 ? spec_tps / plain_tps : 0);
   }
-  const double speedup = ModeFigures::mean(pair_speedups);
+  const double speedup = LatencyFigures::mean(pair_speedups);
 
   nlohmann::ordered_json j;
   j["bench"] = "load";
@@ -612,6 +386,11 @@ void run_load_bench(const LoadOptions& o, const LoadBenchInput& in) {
   j["isa"] = isa_name(active_isa());
   j["threads"] = threads;
   j["kv_type"] = in.kv_type;
+  j["device"] = device_name(device);
+  if (device == Device::kCuda) {
+    j["gpu"] = gpu_name();
+    j["gpu_bandwidth_gbs"] = gpu_bandwidth_gbs();
+  }
   j["ctx_size"] = ctx;
   j["dataset"] = ds.description;
   j["engine"] = {{"kv_cache_mib", o.engine.kv_cache_mib},
@@ -643,6 +422,10 @@ void run_load_bench(const LoadOptions& o, const LoadBenchInput& in) {
   fmt::print("model: {}\n", c.summary());
   fmt::print("cpu: {}, kernels: {}, threads: {}, KV cache: {}\n", j["cpu"].get<std::string>(),
              j["isa"].get<std::string>(), threads, in.kv_type);
+  if (device == Device::kCuda) {
+    fmt::print("gpu: {}, measured bandwidth {:.0f} GB/s\n", j["gpu"].get<std::string>(),
+               j["gpu_bandwidth_gbs"].get<double>());
+  }
   if (ds.synthetic) {
     fmt::print(
         "load: {} requests, concurrency {}, synthetic prompts {}±{} tokens, outputs {}±{} "

@@ -42,6 +42,7 @@ struct LoadBenchInput {
   int n_gen = 128;     // default --output-mean; the output length of --prompts requests
   int ctx_size = 4096;
   std::string kv_type = "f16";
+  std::string device = "cpu";  // --device (validated)
   SpecOptions spec;
   int repeats = 1;  // plain/spec pairs of runs
   bool interleave = false;

@@ -28,8 +28,18 @@ std::string resolve_model_path(const std::string& flag_value) {
   return path;
 }
 
-std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet) {
+std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet,
+                                                Device device) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (device == Device::kCuda) {  // the weights are copied to the GPU while loading
+    if (!quiet) fmt::print(stderr, "loading {} onto the GPU ...\n", path);
+    std::unique_ptr<Model> model = Model::load(path, device);
+    if (!quiet) {
+      fmt::print(stderr, "loaded {} in {:.2f} s on {}\n{}\n", path, seconds_since(t0), gpu_name(),
+                 model->config().summary());
+    }
+    return model;
+  }
   if (!quiet) fmt::print(stderr, "loading {} ...\n", path);
   std::unique_ptr<Model> model = Model::load(path);
   // Touch every page of every tensor once, reporting progress.
@@ -59,6 +69,20 @@ std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool qu
 int default_threads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
+}
+
+void add_device_option(CLI::App* cmd, std::string* value) {
+  cmd->add_option("--device", *value,
+                  "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with "
+                  "-DSPECDEC_CUDA=ON)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+}
+
+Device device_from_option(const std::string& value) {
+  const std::optional<Device> d = parse_device(value);
+  if (!d) throw Error(fmt::format("--device: unknown device '{}' (cpu or cuda)", value));
+  return *d;
 }
 
 void add_kv_type_option(CLI::App* cmd, std::string* value) {

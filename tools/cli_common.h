@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/kv_type.h"
+#include "model/device.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
@@ -19,10 +20,16 @@ namespace specdec::cli {
 std::string resolve_model_path(const std::string& flag_value);
 
 // Loads the model, printing progress to stderr (mapping, then touching every weight page so
-// that the first token does not pay for page faults).
-std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet);
+// that the first token does not pay for page faults); on Device::kCuda the weights go to the GPU.
+std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet,
+                                                Device device = Device::kCpu);
 
 int default_threads();
+
+// --device cpu|cuda on `cmd` into *value (default cpu).
+void add_device_option(CLI::App* cmd, std::string* value);
+// The Device of a --device value (specdec::Error naming the option for another value).
+Device device_from_option(const std::string& value);
 
 // --kv-type f16|f32 on `cmd` into *value (the default, f16, is llama.cpp's cache type).
 void add_kv_type_option(CLI::App* cmd, std::string* value);

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "model/device.h"
 #include "spec_options.h"
 #include "specdec/engine.h"
 
@@ -36,7 +37,8 @@ EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_ty
 // A request's speculation from the CLI options (validated: specdec::Error naming the option);
 // *description says what it is, e.g. "ngram (n 1..4, chain, adaptive <= 8)".
 SpecParams make_spec_params(const SpecOptions& o, std::string* description);
-// The draft model of --spec draft (null otherwise).
-std::unique_ptr<Model> load_draft_model(const SpecOptions& o, bool quiet);
+// The draft model of --spec draft (null otherwise), on `device` (the target's).
+std::unique_ptr<Model> load_draft_model(const SpecOptions& o, bool quiet,
+                                        Device device = Device::kCpu);
 
 }  // namespace specdec::cli

@@ -30,6 +30,7 @@ struct GenerateOptions {
   int threads = 0;
   int ctx_size = 4096;
   std::string kv_type = "f16";
+  std::string device = "cpu";
   bool chat = false;
   bool ignore_eos = false;
   std::string output_format = "text";
@@ -52,7 +53,8 @@ void run_generate(GenerateOptions& o, bool pool_size_given) {
   const bool json = o.output_format == "json";
   const std::string path = resolve_model_path(o.model);
   const auto t_load0 = std::chrono::steady_clock::now();
-  std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/false);
+  const Device device = device_from_option(o.device);
+  std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/false, device);
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file());
   const double load_s = seconds_since(t_load0);
 
@@ -63,7 +65,7 @@ void run_generate(GenerateOptions& o, bool pool_size_given) {
   std::string spec_desc;
   Request request;
   request.spec = make_spec_params(o.spec, &spec_desc);
-  std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false);
+  std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false, device);
   EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get());
   if (!pool_size_given) {  // one request: a pool of exactly its context
     config.kv_blocks = static_cast<int32_t>((ctx + config.block_size - 1) / config.block_size);
@@ -179,6 +181,7 @@ void add_generate_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   add_kv_type_option(cmd, &o->kv_type);
+  add_device_option(cmd, &o->device);
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   add_spec_options(cmd, &o->spec);

@@ -49,6 +49,7 @@ struct ServeOptions {
   int http_threads = 0;
   int ctx_size = 4096;
   std::string kv_type = "f16";
+  std::string device = "cpu";
   int64_t max_body_size = 16 << 20;
   double shutdown_timeout = 5;
   bool verbose = false;
@@ -146,9 +147,10 @@ void block_signals() {
 void serve_model(const ServeOptions& o, const std::string& path,
                  const std::optional<ChatTemplate>& chat_template, const SpecParams& spec,
                  server::Server& server, std::thread& http) {
-  std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/false);
+  const Device device = device_from_option(o.device);
+  std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/false, device);
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file());
-  std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false);
+  std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false, device);
   const int64_t ctx = std::min<int64_t>(o.ctx_size, model->config().n_ctx_train);
   ThreadPool pool(o.threads > 0 ? o.threads : default_threads());
   const EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get());
@@ -263,6 +265,7 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("-v,--verbose", o->verbose, "Log every HTTP request on stderr");
   add_kv_type_option(cmd, &o->kv_type);
+  add_device_option(cmd, &o->device);
   add_spec_options(cmd, &o->spec);
   add_engine_options(cmd, &o->engine);
   cmd->callback([o] { run_serve(*o); });

@@ -82,7 +82,7 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
 }
 
 SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool, int64_t ctx_size,
-                    const SamplingParams& target_sampling, bool quiet) {
+                    const SamplingParams& target_sampling, bool quiet, Device device) {
   SpecSetup setup;
   setup.draft_length = check_spec_options(o);
   int width = 1, depth = 0;
@@ -107,7 +107,7 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
   }
   if (o.spec == "draft") {
     if (o.draft_model.empty()) throw Error("--spec draft needs --draft-model PATH");
-    setup.draft_model = load_model_with_progress(o.draft_model, quiet);
+    setup.draft_model = load_model_with_progress(o.draft_model, quiet, device);
     setup.draft_token_cost = static_cast<double>(setup.draft_model->weight_bytes()) /
                              static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
     DraftModelConfig c;

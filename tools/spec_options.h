@@ -45,7 +45,9 @@ DraftLengthConfig check_spec_options(const SpecOptions& o);
 void parse_tree_option(const std::string& s, int* width, int* depth);
 
 // Validates the options (specdec::Error with the option's name when wrong) and builds the setup.
+// A draft model is loaded on `device` (the target's).
 SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool, int64_t ctx_size,
-                    const SamplingParams& target_sampling, bool quiet);
+                    const SamplingParams& target_sampling, bool quiet,
+                    Device device = Device::kCpu);
 
 }  // namespace specdec::cli

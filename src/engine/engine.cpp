@@ -161,8 +161,7 @@ Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
     throw Error(fmt::format("--kv-cache-mib {} holds no block of {} tokens for this model",
                             config.kv_cache_mib, config.block_size));
   }
-  storage_ = std::make_unique<PagedKvStorage>(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks,
-                                              config.block_size, *type);
+  storage_ = model.make_paged_kv(n_blocks, config.block_size, *type);  // on the model's device
   pool_ = std::make_unique<BlockPool>(n_blocks, config.block_size, config.prefix_cache);
   kv_ = std::make_unique<KvBlockManager>(storage_.get(), pool_.get());
   SchedulerLimits limits;

@@ -7,11 +7,16 @@
 
 namespace specdec {
 
-KvCache::KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, KvType type)
+KvCache::KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, KvType type,
+                 std::unique_ptr<KvDeviceMemory> device)
     : capacity_(capacity),
-      storage_(n_layers, n_kv_heads, head_dim, 1, k_tile_slots(std::max<int64_t>(capacity, 1)),
-               type) {
+      storage_(n_layers, n_kv_heads, head_dim, 1, storage_slots(capacity), type,
+               std::move(device)) {
   SPECDEC_CHECK(capacity > 0, "bad KV shape");
+}
+
+int64_t KvCache::storage_slots(int64_t capacity) {
+  return k_tile_slots(std::max<int64_t>(capacity, 1));
 }
 
 void KvCache::write(int layer, int64_t slot, int64_t n, const float* k, const float* v) {

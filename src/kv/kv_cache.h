@@ -1,9 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "backend/kv_type.h"
+#include "kv/kv_device.h"
 #include "kv/paged_kv.h"
 
 namespace specdec {
@@ -17,7 +19,12 @@ namespace specdec {
 // back with truncate() or keeps an accepted tree path with keep_slots().
 class KvCache {
  public:
-  KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, KvType type = KvType::kF16);
+  // device: the memory of the one block (storage_slots(capacity) slots) when the cache is on a
+  // device (Model::make_kv_cache makes it); null: host memory.
+  KvCache(int n_layers, int n_kv_heads, int head_dim, int64_t capacity, KvType type = KvType::kF16,
+          std::unique_ptr<KvDeviceMemory> device = nullptr);
+  // The slots of the storage's one block for a cache of `capacity` tokens (whole K tiles).
+  static int64_t storage_slots(int64_t capacity);
 
   int64_t size() const { return size_; }
   int64_t capacity() const { return capacity_; }
@@ -26,10 +33,12 @@ class KvCache {
   int64_t row_elems() const { return storage_.row_elems(); }  // n_kv_heads * head_dim
   int n_kv_heads() const { return storage_.n_kv_heads(); }
   int head_dim() const { return storage_.head_dim(); }
+  bool on_device() const { return storage_.on_device(); }
+  PagedKvStorage& storage() { return storage_; }
 
   // K/V of one layer, elements of type() (float or IEEE half): V [slots, n_kv_heads, head_dim];
   // K the same for f32, tiles [slots / 16, n_kv_heads, head_dim, 16] for f16 (k_tiles.h);
-  // slots = capacity rounded up to whole tiles.
+  // slots = capacity rounded up to whole tiles. Throw specdec::Error for a cache on a device.
   const void* k(int layer) const { return storage_.view(layer, table_).k; }
   const void* v(int layer) const { return storage_.view(layer, table_).v; }
 

@@ -35,23 +35,43 @@ uint16_t* halves_scratch(int64_t n) {
 }  // namespace
 
 PagedKvStorage::PagedKvStorage(int n_layers, int n_kv_heads, int head_dim, int32_t n_blocks,
-                               int64_t block_slots, KvType type)
+                               int64_t block_slots, KvType type,
+                               std::unique_ptr<KvDeviceMemory> device)
     : n_layers_(n_layers),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       row_elems_(static_cast<int64_t>(n_kv_heads) * head_dim),
       n_blocks_(n_blocks),
       block_slots_(block_slots),
-      type_(type) {
+      type_(type),
+      device_(std::move(device)) {
   SPECDEC_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && n_blocks > 0, "bad KV shape");
   SPECDEC_CHECK(block_slots > 0 && block_slots % kKTileSlots == 0,
                 "KV block size must be a positive multiple of 16 slots");
+  if (device_ != nullptr) return;  // no host memory
   // Zeroed (HugeBuffer): the tail of a partly filled tile is read (and discarded) by the
   // attention kernels. Huge pages where the system allows (util/huge_pages.h): decode and
   // verification read every layer's K/V rows once per step, as they read the weights.
   const auto bytes = static_cast<size_t>(n_layers) * n_blocks * block_layer_bytes();
   k_ = HugeBuffer(bytes);
   v_ = HugeBuffer(bytes);
+}
+
+PagedKvStorage::PagedKvStorage(const PagedKvStorage& other)
+    : n_layers_(other.n_layers_),
+      n_kv_heads_(other.n_kv_heads_),
+      head_dim_(other.head_dim_),
+      row_elems_(other.row_elems_),
+      n_blocks_(other.n_blocks_),
+      block_slots_(other.block_slots_),
+      type_(other.type_),
+      k_(other.k_),
+      v_(other.v_),
+      device_(other.device_ != nullptr ? other.device_->clone() : nullptr) {}
+
+PagedKvStorage& PagedKvStorage::operator=(const PagedKvStorage& other) {
+  if (this != &other) *this = PagedKvStorage(other);
+  return *this;
 }
 
 int32_t PagedKvStorage::blocks_in(int64_t bytes, int n_layers, int n_kv_heads, int head_dim,
@@ -62,6 +82,7 @@ int32_t PagedKvStorage::blocks_in(int64_t bytes, int n_layers, int n_kv_heads, i
 }
 
 KvView PagedKvStorage::view(int layer, const int32_t* table) const {
+  if (device_ != nullptr) throw Error("the KV cache is on the device");
   KvView view;
   view.k = k_block(layer, 0);
   view.v = v_block(layer, 0);
@@ -83,6 +104,10 @@ void PagedKvStorage::check_range(int layer, std::span<const int32_t> table, int6
 void PagedKvStorage::write(int layer, std::span<const int32_t> table, int64_t slot, int64_t n,
                            const float* k, const float* v) {
   check_range(layer, table, slot, n);
+  if (device_ != nullptr) {
+    device_->write(layer, table, slot, n, k, v);
+    return;
+  }
   const size_t row_bytes = static_cast<size_t>(row_elems_) * kv_type_bytes(type_);
   uint16_t* k_halves = type_ == KvType::kF16 ? halves_scratch(n * row_elems_) : nullptr;
   if (k_halves != nullptr) f32_to_f16(k, n * row_elems_, k_halves);  // [n, n_kv_heads, head_dim]
@@ -106,6 +131,10 @@ void PagedKvStorage::write(int layer, std::span<const int32_t> table, int64_t sl
 void PagedKvStorage::read(int layer, std::span<const int32_t> table, int64_t slot, int64_t n,
                           float* k, float* v) const {
   check_range(layer, table, slot, n);
+  if (device_ != nullptr) {
+    device_->read(layer, table, slot, n, k, v);
+    return;
+  }
   const size_t row_bytes = static_cast<size_t>(row_elems_) * kv_type_bytes(type_);
   for_block_pieces(table, block_slots_, slot, n,
                    [&](int64_t o, int32_t block, int64_t local, int64_t count) {
@@ -139,6 +168,10 @@ void PagedKvStorage::copy_slot(std::span<const int32_t> table, int64_t from, int
   check_range(0, table, std::max(from, to), 1);
   SPECDEC_CHECK(from >= 0 && to >= 0, "KV copy_slot: negative slot");
   if (from == to) return;
+  if (device_ != nullptr) {
+    device_->copy_slot(table, from, to);
+    return;
+  }
   const size_t row_bytes = static_cast<size_t>(row_elems_) * kv_type_bytes(type_);
   const int32_t from_block = table[static_cast<size_t>(from / block_slots_)];
   const int32_t to_block = table[static_cast<size_t>(to / block_slots_)];

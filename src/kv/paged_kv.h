@@ -12,22 +12,36 @@
 // sequence whose blocks happen to follow each other reads like a contiguous cache.
 // block_slots is a multiple of 16 (whole K tiles); memory is zeroed at construction (the
 // kernels read, and discard, the unused lanes of a partly filled tile).
+//
+// On a device (kv_device.h): built with a KvDeviceMemory, the storage holds no host buffer (an 8B
+// model's pool is gigabytes); write / read / copy_slot go to the device memory in its own layout,
+// and view() throws (the CPU kernels cannot read it).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "backend/kv_type.h"
 #include "backend/kv_view.h"
+#include "kv/kv_device.h"
 #include "util/huge_pages.h"
 
 namespace specdec {
 
 class PagedKvStorage {
  public:
+  // device: where the pool lives when not in host memory (null: host memory); it must have been
+  // made for this shape (the model's make_kv_device_memory does).
   PagedKvStorage(int n_layers, int n_kv_heads, int head_dim, int32_t n_blocks,
-                 int64_t block_slots, KvType type = KvType::kF16);
+                 int64_t block_slots, KvType type = KvType::kF16,
+                 std::unique_ptr<KvDeviceMemory> device = nullptr);
+  // Copies are deep (a device pool is cloned on the device).
+  PagedKvStorage(const PagedKvStorage& other);
+  PagedKvStorage& operator=(const PagedKvStorage& other);
+  PagedKvStorage(PagedKvStorage&&) noexcept = default;
+  PagedKvStorage& operator=(PagedKvStorage&&) noexcept = default;
 
   int n_layers() const { return n_layers_; }
   int n_kv_heads() const { return n_kv_heads_; }
@@ -44,8 +58,13 @@ class PagedKvStorage {
   static int32_t blocks_in(int64_t bytes, int n_layers, int n_kv_heads, int head_dim,
                            int64_t block_slots, KvType type);
 
+  // The device memory of a pool on a device (null: the pool is in host memory).
+  KvDeviceMemory* device_memory() { return device_.get(); }
+  const KvDeviceMemory* device_memory() const { return device_.get(); }
+  bool on_device() const { return device_ != nullptr; }
+
   // Layer `layer` of the sequence with block table `table` (which must cover every slot the
-  // reader touches).
+  // reader touches). Throws specdec::Error for a pool on a device.
   KvView view(int layer, const int32_t* table) const;
 
   // Stores the float rows k, v: [n, n_kv_heads, head_dim] at the sequence's slots
@@ -85,6 +104,7 @@ class PagedKvStorage {
   KvType type_;
   HugeBuffer k_;  // [n_layers, n_blocks, K block] of type_
   HugeBuffer v_;  // [n_layers, n_blocks, block_slots, n_kv_heads, head_dim] of type_
+  std::unique_ptr<KvDeviceMemory> device_;  // the pool, when on a device (k_, v_ empty then)
 };
 
 // What a forward pass needs of one sequence's KV: the storage, the sequence's block table (it

@@ -15,8 +15,10 @@
 #include <string>
 
 #include "kv/kv_cache.h"
+#include "kv/kv_device.h"
 #include "kv/paged_kv.h"
 #include "model/config.h"
+#include "model/device.h"
 #include "model/forward_scratch.h"
 
 namespace specdec {
@@ -62,8 +64,25 @@ class Model {
   // FLOPs of the weight matmuls for one token (2 * multiply-adds).
   virtual int64_t matmul_flops_per_token() const = 0;
 
-  // A KV cache shaped for this model with room for `capacity` tokens, stored as `type`.
+  // A KV cache shaped for this model with room for `capacity` tokens, stored as `type` (on the
+  // model's device).
   KvCache make_kv_cache(int64_t capacity, KvType type = KvType::kF16) const;
+  // A paged KV pool shaped for this model (n_blocks blocks of block_slots slots), on the model's
+  // device: what the engine and the batched draft model store their sequences in.
+  std::unique_ptr<PagedKvStorage> make_paged_kv(int32_t n_blocks, int64_t block_slots,
+                                                KvType type = KvType::kF16) const;
+  // The device memory of such a pool, for a model whose forward pass reads its KV on a device
+  // (null: host memory, the CPU model).
+  virtual std::unique_ptr<KvDeviceMemory> make_kv_device_memory(int32_t n_blocks,
+                                                                int64_t block_slots,
+                                                                KvType type) const {
+    (void)n_blocks;
+    (void)block_slots;
+    (void)type;
+    return nullptr;
+  }
+  // Where the forward pass runs, for display: "cpu" or "cuda".
+  virtual const char* device_name() const { return "cpu"; }
 
   // Runs the sequences' batches in one pass, writing their K/V into their storage (the callers
   // advance their n_past). The returned spans point into `scratch` and stay valid until its next
@@ -85,9 +104,15 @@ class Model {
   // Opens the GGUF at `path` and builds the model for its architecture; throws specdec::Error
   // naming the file (and tensor) when anything is missing, mis-shaped or of an unsupported type.
   static std::unique_ptr<Model> load(const std::string& path);
+  // The same on `device`: kCuda uploads the weights to the GPU (throws specdec::Error when the
+  // build has no CUDA backend, or no device answers).
+  static std::unique_ptr<Model> load(const std::string& path, Device device);
 
  protected:
   Model(std::unique_ptr<GgufFile> file, ModelConfig config);
+  // Checks one sequence's part of a forward pass (token ids, positions, mask and output rows,
+  // the KV shape and room): throws specdec::Error, before anything is written.
+  void check_seq_batch(const SeqBatch& sb) const;
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
   TensorDumpFn dump_;

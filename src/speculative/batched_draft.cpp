@@ -8,9 +8,7 @@ namespace specdec {
 BatchedDraftModel::BatchedDraftModel(Model& draft, ThreadPool* pool, int32_t n_blocks,
                                      int32_t block_size)
     : draft_(draft), thread_pool_(pool) {
-  const ModelConfig& c = draft.config();
-  storage_ = std::make_unique<PagedKvStorage>(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks,
-                                              block_size, KvType::kF16);
+  storage_ = draft.make_paged_kv(n_blocks, block_size, KvType::kF16);  // on the draft's device
   pool_ = std::make_unique<BlockPool>(n_blocks, block_size, /*prefix_cache=*/false);
   kv_ = std::make_unique<KvBlockManager>(storage_.get(), pool_.get());
 }

@@ -29,6 +29,9 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "util/check.h"
+#ifdef SPECDEC_CUDA
+#include "model/archs/llama_cuda.h"
+#endif
 #include "util/huge_pages.h"
 
 namespace specdec {
@@ -288,7 +291,12 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
                                   ForwardScratch* scratch) {
   const ModelConfig& c = config_;
   ForwardScratch& sc = *scratch;
-  for (const SeqBatch& sb : seqs) check_batch(c, sb);
+  for (const SeqBatch& sb : seqs) {
+    check_batch(c, sb);
+    if (sb.kv.storage->on_device()) {
+      throw Error("forward: the model is on the CPU but a sequence's KV cache is on the device");
+    }
+  }
   // Rows of the pass: the sequences' tokens one after the other.
   const auto n_seqs = static_cast<int64_t>(seqs.size());
   int64_t* offsets = grow(sc.offsets, n_seqs + 1);  // [n_seqs + 1]
@@ -500,14 +508,33 @@ ForwardResult Model::forward(KvCache& kv, const ForwardBatch& batch, ThreadPool*
   return result;
 }
 
+void Model::check_seq_batch(const SeqBatch& sb) const { check_batch(config_, sb); }
+
 KvCache Model::make_kv_cache(int64_t capacity, KvType type) const {
-  return KvCache(config_.n_layers, config_.n_kv_heads, config_.head_dim, capacity, type);
+  return KvCache(config_.n_layers, config_.n_kv_heads, config_.head_dim, capacity, type,
+                 make_kv_device_memory(1, KvCache::storage_slots(capacity), type));
+}
+
+std::unique_ptr<PagedKvStorage> Model::make_paged_kv(int32_t n_blocks, int64_t block_slots,
+                                                     KvType type) const {
+  return std::make_unique<PagedKvStorage>(config_.n_layers, config_.n_kv_heads, config_.head_dim,
+                                          n_blocks, block_slots, type,
+                                          make_kv_device_memory(n_blocks, block_slots, type));
 }
 
 std::unique_ptr<Model> Model::load(const std::string& path) {
   std::unique_ptr<GgufFile> file = GgufFile::open(path);
   ModelConfig config = ModelConfig::from_gguf(*file);
   return std::make_unique<LlamaModel>(std::move(file), std::move(config));
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, Device device) {
+  if (device == Device::kCpu) return load(path);
+#ifdef SPECDEC_CUDA
+  return load_cuda_llama(path);
+#else
+  throw Error("specdec was built without CUDA (cmake -DSPECDEC_CUDA=ON)");
+#endif
 }
 
 }  // namespace specdec

@@ -1,0 +1,301 @@
+// The paged KV cache of the CUDA backend (cuda_ops.h): kv_write, kv_copy_slot, paged_attention.
+//
+// paged_attention: one thread block of 128 threads (4 warps) per (query row, head), two passes
+// over the row's candidate slots [0, n_past + n_new) in chunks of kChunk slots:
+//   pass 1: every visible slot's score s = (q·k)·scale (a warp per slot: lane l sums the dims
+//           2l, 2l+1, 2l+64, .. with fmaf in that order, then a fixed xor-shuffle tree), and the
+//           exact maximum M of the scores (a max does not depend on the order);
+//   pass 2: the same scores again (the same instructions, so the same bits), p = expf(s - M),
+//           and, one visible slot after the other in slot order, L += p, acc[d] = fmaf(p, v[d],
+//           acc[d]) (thread i owns the dims 2i, 2i+1); out = acc / L.
+// The result of a (row, head) is a function of its q and of the K/V values of its visible slots
+// in slot order only: not of the other rows, the chunking, nor the invisible slots between the
+// visible ones (a tree-masked token gets the bits it gets decoded alone after its ancestors).
+// K is read twice (no scratch of the scores); no split of long contexts over thread blocks.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace specdec::cuda {
+namespace {
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kChunk = 128;     // slots per chunk (pass 2's score tile)
+constexpr int kMaxHeadDim = 256;  // 2 dims per thread in pass 2
+
+template <KvType K>
+struct KvElem;
+template <>
+struct KvElem<KvType::kF16> {
+  using T = __half;
+  // The pair of elements (2p, 2p + 1) of a row, as floats (p: pair index; the row is 4-aligned).
+  static __device__ __forceinline__ float2 pair(const void* row, int p) {
+    const __half2 h = reinterpret_cast<const __half2*>(row)[p];
+    return __half22float2(h);
+  }
+};
+template <>
+struct KvElem<KvType::kF32> {
+  using T = float;
+  static __device__ __forceinline__ float2 pair(const void* row, int p) {
+    return reinterpret_cast<const float2*>(row)[p];
+  }
+};
+
+// ---- kv_write -------------------------------------------------------------------------------------
+
+template <KvType K>
+__global__ void kv_write_kernel(typename KvElem<K>::T* kc, typename KvElem<K>::T* vc,
+                                const int64_t* __restrict__ phys, int64_t n, int64_t row_elems,
+                                const float* __restrict__ k, const float* __restrict__ v) {
+  const int64_t total = n * row_elems;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / row_elems, e = i % row_elems;
+    const int64_t dst = phys[t] * row_elems + e;
+    if constexpr (K == KvType::kF16) {
+      kc[dst] = __float2half_rn(k[i]);
+      vc[dst] = __float2half_rn(v[i]);
+    } else {
+      kc[dst] = k[i];
+      vc[dst] = v[i];
+    }
+  }
+}
+
+// ---- kv_copy_slot ---------------------------------------------------------------------------------
+
+// Element e of the row, in layer l, of K (which = 0) and V (which = 1): blockIdx.y = 2 l + which.
+template <class T>
+__global__ void kv_copy_slot_kernel(T* k, T* v, int64_t layer_elems, int64_t row_elems,
+                                    int64_t from, int64_t to) {
+  const int64_t l = blockIdx.y / 2;
+  T* base = (blockIdx.y % 2 == 0 ? k : v) + l * layer_elems;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < row_elems;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    base[to * row_elems + e] = base[from * row_elems + e];
+  }
+}
+
+// ---- paged_attention ------------------------------------------------------------------------------
+
+// The sequence whose rows [row0, row0 + n_new) hold `row` (seqs sorted by row0; sequences with
+// n_new == 0 may share a row0 with the next one).
+__device__ int64_t find_seq(const DeviceAttnSeq* seqs, int64_t n_seqs, int64_t row) {
+  int64_t lo = 0, hi = n_seqs;  // first index with row0 > row
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (seqs[mid].row0 <= row) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  for (int64_t s = lo - 1; s >= 0; --s) {
+    const DeviceAttnSeq& q = seqs[s];
+    if (row >= q.row0 && row < q.row0 + q.n_new) return s;
+    if (q.n_new > 0 && q.row0 + q.n_new <= row) break;  // earlier ones end before it too
+  }
+  return -1;
+}
+
+template <KvType K>
+__global__ void __launch_bounds__(kAttnThreads)
+    paged_attention_kernel(const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
+                           int n_kv_heads, int head_dim, int64_t block_slots,
+                           const float* __restrict__ q, int64_t n_rows, int n_heads, float scale,
+                           const DeviceAttnSeq* __restrict__ seqs, int64_t n_seqs,
+                           const int32_t* __restrict__ tables, const uint8_t* __restrict__ masks,
+                           float* __restrict__ out) {
+  __shared__ __align__(16) float qs[kMaxHeadDim];
+  __shared__ float scores[kChunk];
+  __shared__ float warp_max[kAttnWarps];
+
+  const int64_t row = static_cast<int64_t>(blockIdx.x) / n_heads;
+  const int h = static_cast<int>(static_cast<int64_t>(blockIdx.x) % n_heads);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int n_pairs = head_dim / 2;
+  float* o = out + (row * n_heads + h) * head_dim;
+
+  const int64_t si = find_seq(seqs, n_seqs, row);  // the same in every thread
+  if (si < 0) {
+    for (int d = tid; d < head_dim; d += kAttnThreads) o[d] = 0.0f;
+    return;
+  }
+  const DeviceAttnSeq seq = seqs[si];
+  const int64_t i = row - seq.row0;  // query index within the sequence
+  const int32_t* table = tables + seq.table;
+  const uint8_t* mrow = seq.mask >= 0 ? masks + seq.mask + i * seq.n_new : nullptr;
+  // Candidate slots: causal rows see nothing past their own slot.
+  const int64_t n_slots = seq.n_past + (mrow == nullptr ? i + 1 : seq.n_new);
+  const int kvh = h / (n_heads / n_kv_heads);
+  const int64_t row_stride = static_cast<int64_t>(n_kv_heads) * head_dim;  // elements per slot
+  const int64_t elem = K == KvType::kF16 ? 2 : 4;
+
+  for (int d = tid; d < head_dim; d += kAttnThreads) qs[d] = q[(row * n_heads + h) * head_dim + d];
+  __syncthreads();
+
+  auto visible = [&](int64_t slot) -> bool {
+    if (slot < seq.n_past) return true;
+    const int64_t j = slot - seq.n_past;
+    return mrow == nullptr ? j <= i : mrow[j] != 0;
+  };
+  // Byte offset of (slot, kvh) in the layer's K or V.
+  auto offset = [&](int64_t slot) -> int64_t {
+    const int64_t phys = static_cast<int64_t>(table[slot / block_slots]) * block_slots +
+                         slot % block_slots;
+    return (phys * row_stride + static_cast<int64_t>(kvh) * head_dim) * elem;
+  };
+  // The score of a visible slot, computed by one whole warp (every lane gets it).
+  auto score = [&](int64_t slot) -> float {
+    const uint8_t* krow = kc + offset(slot);
+    float a = 0.0f;
+    for (int p = lane; p < n_pairs; p += 32) {
+      const float2 kv = KvElem<K>::pair(krow, p);
+      a = fmaf(qs[2 * p], kv.x, a);
+      a = fmaf(qs[2 * p + 1], kv.y, a);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+    return __fmul_rn(a, scale);
+  };
+
+  // Pass 1: the maximum score.
+  float m = -INFINITY;
+  for (int64_t slot = warp; slot < n_slots; slot += kAttnWarps) {
+    if (!visible(slot)) continue;  // uniform over the warp
+    const float s = score(slot);
+    m = fmaxf(m, s);
+  }
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  float big_m = warp_max[0];
+  for (int w = 1; w < kAttnWarps; ++w) big_m = fmaxf(big_m, warp_max[w]);
+  if (big_m == -INFINITY) {  // nothing visible
+    for (int d = tid; d < head_dim; d += kAttnThreads) o[d] = 0.0f;
+    return;
+  }
+
+  // Pass 2: weights and the weighted sum of V, slot by slot.
+  float l_sum = 0.0f, acc0 = 0.0f, acc1 = 0.0f;
+  const bool owns = tid < n_pairs;
+  for (int64_t c0 = 0; c0 < n_slots; c0 += kChunk) {
+    for (int j = warp; j < kChunk; j += kAttnWarps) {
+      const int64_t slot = c0 + j;
+      float s = -INFINITY;  // marks a slot not visible (or past the end)
+      if (slot < n_slots && visible(slot)) s = score(slot);
+      if (lane == 0) scores[j] = s;
+    }
+    __syncthreads();
+    const int64_t in_chunk = n_slots - c0 < kChunk ? n_slots - c0 : kChunk;
+    for (int j = 0; j < in_chunk; ++j) {
+      const float s = scores[j];
+      if (s == -INFINITY) continue;  // not visible (a visible score is finite or +-inf only
+                                     // for inf inputs; -inf would weigh 0 anyway)
+      const float p = expf(__fsub_rn(s, big_m));
+      l_sum = __fadd_rn(l_sum, p);
+      if (owns) {
+        const float2 vv = KvElem<K>::pair(vc + offset(c0 + j), tid);
+        acc0 = fmaf(p, vv.x, acc0);
+        acc1 = fmaf(p, vv.y, acc1);
+      }
+    }
+    __syncthreads();  // scores is rewritten by the next chunk
+  }
+  if (owns) {
+    o[2 * tid] = __fdiv_rn(acc0, l_sum);
+    o[2 * tid + 1] = __fdiv_rn(acc1, l_sum);
+  }
+}
+
+int64_t checked_grid(int64_t blocks, const char* op) {
+  if (blocks > 0x7fffffffLL) throw Error(std::string("cuda::") + op + ": grid too large");
+  return blocks;
+}
+
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
+}
+
+void check_layer(const DeviceKvLayer& layer, const char* op) {
+  if (layer.k == nullptr || layer.v == nullptr || layer.n_kv_heads <= 0 || layer.head_dim <= 0 ||
+      layer.block_slots <= 0) {
+    throw Error(std::string("cuda::") + op + ": bad KV layer");
+  }
+}
+
+}  // namespace
+
+void kv_write(const DeviceKvLayer& layer, const int64_t* phys_slots, int64_t n, const float* k,
+              const float* v) {
+  if (n <= 0) return;
+  check_layer(layer, "kv_write");
+  const int64_t row_elems = static_cast<int64_t>(layer.n_kv_heads) * layer.head_dim;
+  const unsigned grid = grid_for(n * row_elems, 256);
+  if (layer.type == KvType::kF16) {
+    kv_write_kernel<KvType::kF16><<<grid, 256, 0, detail::stream()>>>(
+        static_cast<__half*>(layer.k), static_cast<__half*>(layer.v), phys_slots, n, row_elems, k,
+        v);
+  } else {
+    kv_write_kernel<KvType::kF32><<<grid, 256, 0, detail::stream()>>>(
+        static_cast<float*>(layer.k), static_cast<float*>(layer.v), phys_slots, n, row_elems, k,
+        v);
+  }
+  CUDA_CHECK_LAUNCH("kv_write_kernel");
+}
+
+void kv_copy_slot(void* k, void* v, KvType type, int n_layers, int64_t layer_elems,
+                  int64_t row_elems, int64_t from, int64_t to) {
+  if (from == to || n_layers <= 0 || row_elems <= 0) return;
+  if (n_layers > 30000) throw Error("cuda::kv_copy_slot: too many layers");
+  const dim3 grid(grid_for(row_elems, 256), static_cast<unsigned>(2 * n_layers));
+  if (type == KvType::kF16) {
+    kv_copy_slot_kernel<uint16_t><<<grid, 256, 0, detail::stream()>>>(
+        static_cast<uint16_t*>(k), static_cast<uint16_t*>(v), layer_elems, row_elems, from, to);
+  } else {
+    kv_copy_slot_kernel<float><<<grid, 256, 0, detail::stream()>>>(
+        static_cast<float*>(k), static_cast<float*>(v), layer_elems, row_elems, from, to);
+  }
+  CUDA_CHECK_LAUNCH("kv_copy_slot_kernel");
+}
+
+void paged_attention(const DeviceKvLayer& layer, const float* q, int64_t n_rows, int n_heads,
+                     float scale, const DeviceAttnSeq* seqs, int64_t n_seqs,
+                     const int32_t* tables, const uint8_t* masks, int64_t max_visible,
+                     float* out) {
+  if (n_rows <= 0) return;
+  check_layer(layer, "paged_attention");
+  if (n_heads <= 0 || n_heads % layer.n_kv_heads != 0) {
+    throw Error("cuda::paged_attention: n_heads " + std::to_string(n_heads) +
+                " is not a multiple of n_kv_heads " + std::to_string(layer.n_kv_heads));
+  }
+  if (layer.head_dim % 2 != 0 || layer.head_dim > kMaxHeadDim) {
+    throw Error("cuda::paged_attention: head_dim " + std::to_string(layer.head_dim) +
+                " must be even and at most " + std::to_string(kMaxHeadDim));
+  }
+  const int64_t blocks = checked_grid(n_rows * n_heads, "paged_attention");
+  const auto* kc = static_cast<const uint8_t*>(layer.k);
+  const auto* vc = static_cast<const uint8_t*>(layer.v);
+  (void)max_visible;  // no split of long contexts (yet)
+  if (layer.type == KvType::kF16) {
+    paged_attention_kernel<KvType::kF16>
+        <<<static_cast<unsigned>(blocks), kAttnThreads, 0, detail::stream()>>>(
+            kc, vc, layer.n_kv_heads, layer.head_dim, layer.block_slots, q, n_rows, n_heads,
+            scale, seqs, n_seqs, tables, masks, out);
+  } else {
+    paged_attention_kernel<KvType::kF32>
+        <<<static_cast<unsigned>(blocks), kAttnThreads, 0, detail::stream()>>>(
+            kc, vc, layer.n_kv_heads, layer.head_dim, layer.block_slots, q, n_rows, n_heads,
+            scale, seqs, n_seqs, tables, masks, out);
+  }
+  CUDA_CHECK_LAUNCH("paged_attention_kernel");
+}
+
+}  // namespace specdec::cuda

@@ -1,0 +1,172 @@
+// The CUDA backend's host API (built only with -DSPECDEC_CUDA=ON): device memory, and the ops of
+// the transformer forward pass on device buffers. Plain C++ - no CUDA header - so that the model
+// and the tools include it from .cpp files; the kernels are in the .cu files beside it.
+//
+// Conventions:
+//   - Every pointer an op takes is device memory, float32 unless said otherwise; shapes are
+//     written on every buffer, row-major.
+//   - All work goes, in order, on one stream of the process (stream()); an op returns once its
+//     kernels are queued. download()/synchronize() wait for it.
+//   - Errors (no device, out of memory, a failed launch) throw specdec::Error naming the call.
+//   - Batch invariance: a row's result never depends on which other rows share the call (the
+//     reduction order of row t is fixed whatever n is), so a token verified in a batch or tree
+//     gets exactly the bits it gets decoded alone - greedy speculation on the GPU equals plain
+//     greedy decoding on the GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "backend/cpu/ops.h"  // RopeStyle
+#include "backend/ggml_type.h"
+#include "backend/kv_type.h"
+
+namespace specdec::cuda {
+
+// ---- device and memory (cuda_device.cu) -----------------------------------------------------
+
+struct DeviceInfo {
+  std::string name;         // "NVIDIA H100 80GB HBM3"
+  int cc_major = 0;         // compute capability
+  int cc_minor = 0;
+  int sm_count = 0;
+  int64_t total_bytes = 0;  // global memory
+  int64_t free_bytes = 0;
+};
+
+// True when a CUDA device can be used (never throws: false on a machine without a GPU/driver).
+bool available();
+// The current device (device 0). Throws when there is none.
+DeviceInfo device_info();
+// Measured device-memory bandwidth in GB/s: a timed device-to-device copy of `bytes` (median of
+// several), counting bytes read plus bytes written.
+double measure_bandwidth_gbs(int64_t bytes = int64_t{1} << 30);
+
+void* alloc(size_t bytes);  // cudaMalloc; throws naming the size and the free memory
+void release(void* p);      // cudaFree (null is fine)
+void upload(void* dst_device, const void* src_host, size_t bytes);      // queued, then waits
+void download(void* dst_host, const void* src_device, size_t bytes);    // waits for the stream
+void copy_device(void* dst_device, const void* src_device, size_t bytes);  // queued
+void zero(void* dst_device, size_t bytes);                             // queued
+void synchronize();  // waits for the stream; throws on an earlier asynchronous kernel error
+
+// Owner of one device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : p_(alloc(bytes)), bytes_(bytes) {}
+  ~DeviceBuffer() { release(p_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release(p_);
+      p_ = o.p_;
+      bytes_ = o.bytes_;
+      o.p_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() const { return p_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+  // Grows (contents lost) to at least `bytes`.
+  void reserve(size_t bytes) {
+    if (bytes > bytes_) *this = DeviceBuffer(bytes);
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// ---- ops (cuda_matmul.cu, cuda_elementwise.cu, cuda_attention.cu) ---------------------------
+
+// A weight matrix on the device in its GGUF type, rows of row_bytes bytes (ggml_row_bytes):
+// W [rows, cols]. Types: every one the CPU supports as a weight (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
+struct DeviceMatrix {
+  GgmlType type = GgmlType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_bytes = 0;
+};
+bool matmul_supported(GgmlType type);
+
+// y[n, rows] = x[n, cols] · Wᵀ  (dequantized in the kernel; n >= 0, any size).
+void matmul(const DeviceMatrix& w, const float* x, int64_t n, float* y);
+
+// out[i, :] = dequantized row ids[i] of `table` [rows, cols]: the embedding lookup.
+//   ids: [n] int32 on the device (each in [0, rows)); out: [n, cols].
+void get_rows(const DeviceMatrix& table, const int32_t* ids, int64_t n, float* out);
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight[:]   x, y: [n_rows, dim]; may alias.
+void rmsnorm(const float* x, const float* weight, float eps, int64_t n_rows, int64_t dim, float* y);
+
+// x[i] += y[i], i < n.
+void add(float* x, const float* y, int64_t n);
+// out[i] = silu(gate[i]) * up[i]   (n elements; out may alias gate).
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+// For the stacked gate|up output of one matmul: gu [n_rows, 2 * ffn] (gate then up per row),
+// out [n_rows, ffn].
+void swiglu_rows(const float* gu, int64_t n_rows, int64_t ffn, float* out);
+
+// In place on x: [n_tokens, n_heads, head_dim]; token t at position positions[t] (device int32
+// [n_tokens]); the CPU's rope() numerics (theta_i = pos * freq_scale * freq_base^(-2i/rope_dim),
+// float math), the first rope_dim dims of each head rotate, the rest pass through.
+void rope(float* x, const int32_t* positions, int64_t n_tokens, int n_heads, int head_dim,
+          int rope_dim, float freq_base, float freq_scale, RopeStyle style);
+
+// ---- the paged KV cache on the device (cuda_attention.cu) -------------------------------------
+//
+// A pool of n_blocks blocks of block_slots slots, all layers, K and V alike:
+//   K, V: [n_layers, n_blocks, block_slots, n_kv_heads, head_dim] of `type` (f16: IEEE half).
+// The physical slot of a sequence's slot s is table[s / block_slots] * block_slots +
+// s % block_slots; a layer's K is k + layer * n_blocks * block_slots * n_kv_heads * head_dim.
+struct DeviceKvLayer {
+  void* k = nullptr;  // [n_blocks * block_slots, n_kv_heads, head_dim] of type
+  void* v = nullptr;
+  KvType type = KvType::kF16;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int64_t block_slots = 0;
+};
+
+// Writes k, v: [n, n_kv_heads, head_dim] (float) at the physical slots phys_slots[i] (device
+// int64 [n]), converted to the layer's type (round to nearest even).
+void kv_write(const DeviceKvLayer& layer, const int64_t* phys_slots, int64_t n, const float* k,
+              const float* v);
+
+// One sequence of a batched attention call. All arrays it points to are on the device.
+struct DeviceAttnSeq {
+  int64_t row0 = 0;      // its first row in q / out
+  int64_t n_new = 0;     // its query rows [row0, row0 + n_new)
+  int64_t n_past = 0;    // cached slots every query sees; new token j is at slot n_past + j
+  int64_t table = 0;     // offset of its block table in `tables` (covers n_past + n_new slots)
+  int64_t mask = -1;     // offset of its [n_new, n_new] u8 mask in `masks`; -1 = causal
+};
+
+// Attention of every sequence's new tokens over its own paged K/V (written before the call):
+//   q:   [n_rows, n_heads, head_dim]          out: [n_rows, n_heads, head_dim]
+//   seqs: [n_seqs] DeviceAttnSeq (device); tables: int32 block ids; masks: u8
+//   query i of a sequence sees slots [0, n_past) and new slot n_past + j where mask[i, j] != 0
+//   (causal: j <= i); GQA: head h reads KV head h / (n_heads / n_kv_heads). A query that sees
+//   nothing gets zeros. Each (query row, head) result is independent of the other rows
+//   (batch invariance above). max_visible bounds n_past + n_new over the sequences (for the
+//   launch's split of long contexts over thread blocks).
+void paged_attention(const DeviceKvLayer& layer, const float* q, int64_t n_rows, int n_heads,
+                     float scale, const DeviceAttnSeq* seqs, int64_t n_seqs,
+                     const int32_t* tables, const uint8_t* masks, int64_t max_visible,
+                     float* out);
+
+// Copies physical slot `from` to `to` in every layer of a pool (tree acceptance compaction):
+//   k, v: pool bases as in DeviceKvLayer, layer_elems = n_blocks * block_slots * row_elems.
+void kv_copy_slot(void* k, void* v, KvType type, int n_layers, int64_t layer_elems,
+                  int64_t row_elems, int64_t from, int64_t to);
+
+}  // namespace specdec::cuda

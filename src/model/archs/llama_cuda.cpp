@@ -1,0 +1,567 @@
+// The `llama` architecture on the GPU: LlamaModel's forward pass (llama.cpp) as cuda_ops.h
+// kernels on device buffers.
+//
+//   per pass, one upload: token ids, positions, the physical KV slot of every new token, the
+//     attention descriptors of the sequences, their block tables, tree masks and the output rows
+//   x = get_rows(tok_embd, tokens)                              // [n, dim]
+//   for each layer:
+//     xn = rmsnorm(x) * attn_norm; q, k, v = xn·Wqᵀ, xn·Wkᵀ, xn·Wvᵀ; rope(q), rope(k)
+//     kv_write(k, v at the physical slots); attn = paged_attention(q, each sequence's blocks)
+//     x += attn·Woᵀ; xn = rmsnorm(x) * ffn_norm; x += swiglu(xn·Wgateᵀ, xn·Wupᵀ)·Wdownᵀ
+//   sel = rmsnorm(x[output rows]) * output_norm; logits = sel·Woutᵀ    // downloaded to host
+#include "model/archs/llama_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/ops.h"  // f32_to_f16, f16_to_f32
+#include "model/gguf.h"
+#include "util/check.h"
+
+namespace specdec {
+namespace {
+
+// Calls fn(offset, block, local, count) for the pieces of slots [slot, slot + n) that lie in one
+// block each, in slot order (offset = piece's first slot - slot).
+template <class F>
+void for_block_pieces(std::span<const int32_t> table, int64_t block_slots, int64_t slot, int64_t n,
+                      F&& fn) {
+  for (int64_t done = 0; done < n;) {
+    const int64_t s = slot + done;
+    const int64_t local = s % block_slots;
+    const int64_t count = std::min(n - done, block_slots - local);
+    fn(done, table[static_cast<size_t>(s / block_slots)], local, count);
+    done += count;
+  }
+}
+
+uint16_t* halves_scratch(int64_t n) {
+  thread_local std::vector<uint16_t> halves;
+  if (halves.size() < static_cast<size_t>(n)) halves.resize(static_cast<size_t>(n));
+  return halves.data();
+}
+
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+size_t align16(size_t n) { return (n + 15) & ~size_t{15}; }
+
+}  // namespace
+
+// ---- CudaKvMemory -------------------------------------------------------------------------------
+
+CudaKvMemory::CudaKvMemory(int n_layers, int n_kv_heads, int head_dim, int32_t n_blocks,
+                           int64_t block_slots, KvType type)
+    : n_layers_(n_layers),
+      n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      row_elems_(static_cast<int64_t>(n_kv_heads) * head_dim),
+      n_blocks_(n_blocks),
+      block_slots_(block_slots),
+      type_(type) {
+  SPECDEC_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && n_blocks > 0 && block_slots > 0,
+                "bad KV shape");
+  const auto bytes = static_cast<size_t>(n_layers_ * layer_elems()) * kv_type_bytes(type_);
+  k_ = cuda::DeviceBuffer(bytes);
+  v_ = cuda::DeviceBuffer(bytes);
+  cuda::zero(k_.data(), bytes);
+  cuda::zero(v_.data(), bytes);
+}
+
+CudaKvMemory::CudaKvMemory(const CudaKvMemory& shape, NoInit)
+    : n_layers_(shape.n_layers_),
+      n_kv_heads_(shape.n_kv_heads_),
+      head_dim_(shape.head_dim_),
+      row_elems_(shape.row_elems_),
+      n_blocks_(shape.n_blocks_),
+      block_slots_(shape.block_slots_),
+      type_(shape.type_),
+      k_(shape.k_.bytes()),
+      v_(shape.v_.bytes()) {}
+
+cuda::DeviceKvLayer CudaKvMemory::layer(int layer) const {
+  cuda::DeviceKvLayer l;
+  l.k = static_cast<uint8_t*>(k_.data()) + offset(layer, 0);
+  l.v = static_cast<uint8_t*>(v_.data()) + offset(layer, 0);
+  l.type = type_;
+  l.n_kv_heads = n_kv_heads_;
+  l.head_dim = head_dim_;
+  l.block_slots = block_slots_;
+  return l;
+}
+
+void CudaKvMemory::check_blocks(std::span<const int32_t> table, int64_t slot, int64_t n) const {
+  SPECDEC_CHECK(slot >= 0 && n >= 0 && slot + n <= static_cast<int64_t>(table.size()) * block_slots_,
+                "KV access outside the sequence's blocks");
+  for_block_pieces(table, block_slots_, slot, n, [&](int64_t, int32_t block, int64_t, int64_t) {
+    SPECDEC_CHECK(block >= 0 && block < n_blocks_, "KV block id out of range");
+  });
+}
+
+void CudaKvMemory::write(int layer, std::span<const int32_t> table, int64_t slot, int64_t n,
+                         const float* k, const float* v) {
+  SPECDEC_CHECK(layer >= 0 && layer < n_layers_, "KV layer out of range");
+  check_blocks(table, slot, n);
+  if (n == 0) return;
+  const int64_t elems = n * row_elems_;
+  const void* k_src = k;
+  const void* v_src = v;
+  if (type_ == KvType::kF16) {  // [2, n, row] halves: K then V
+    uint16_t* halves = halves_scratch(2 * elems);
+    f32_to_f16(k, elems, halves);
+    f32_to_f16(v, elems, halves + elems);
+    k_src = halves;
+    v_src = halves + elems;
+  }
+  const int64_t elem_bytes = static_cast<int64_t>(kv_type_bytes(type_));
+  for_block_pieces(table, block_slots_, slot, n,
+                   [&](int64_t o, int32_t block, int64_t local, int64_t count) {
+    const size_t dst = offset(layer, static_cast<int64_t>(block) * block_slots_ + local);
+    const size_t src = static_cast<size_t>(o * row_elems_ * elem_bytes);
+    const size_t bytes = static_cast<size_t>(count * row_bytes());
+    cuda::upload(static_cast<uint8_t*>(k_.data()) + dst, static_cast<const uint8_t*>(k_src) + src,
+                 bytes);
+    cuda::upload(static_cast<uint8_t*>(v_.data()) + dst, static_cast<const uint8_t*>(v_src) + src,
+                 bytes);
+  });
+}
+
+void CudaKvMemory::read(int layer, std::span<const int32_t> table, int64_t slot, int64_t n,
+                        float* k, float* v) const {
+  SPECDEC_CHECK(layer >= 0 && layer < n_layers_, "KV layer out of range");
+  check_blocks(table, slot, n);
+  if (n == 0) return;
+  const int64_t elems = n * row_elems_;
+  const int64_t elem_bytes = static_cast<int64_t>(kv_type_bytes(type_));
+  // f16: download into halves [2, n, row], then convert; f32: straight into k / v.
+  uint16_t* halves = type_ == KvType::kF16 ? halves_scratch(2 * elems) : nullptr;
+  auto* k_dst = halves != nullptr ? reinterpret_cast<uint8_t*>(halves)
+                                  : reinterpret_cast<uint8_t*>(k);
+  auto* v_dst = halves != nullptr ? reinterpret_cast<uint8_t*>(halves + elems)
+                                  : reinterpret_cast<uint8_t*>(v);
+  for_block_pieces(table, block_slots_, slot, n,
+                   [&](int64_t o, int32_t block, int64_t local, int64_t count) {
+    const size_t src = offset(layer, static_cast<int64_t>(block) * block_slots_ + local);
+    const size_t dst = static_cast<size_t>(o * row_elems_ * elem_bytes);
+    const size_t bytes = static_cast<size_t>(count * row_bytes());
+    if (k != nullptr) {
+      cuda::download(k_dst + dst, static_cast<const uint8_t*>(k_.data()) + src, bytes);
+    }
+    if (v != nullptr) {
+      cuda::download(v_dst + dst, static_cast<const uint8_t*>(v_.data()) + src, bytes);
+    }
+  });
+  if (halves != nullptr) {
+    if (k != nullptr) f16_to_f32(halves, elems, k);
+    if (v != nullptr) f16_to_f32(halves + elems, elems, v);
+  }
+}
+
+void CudaKvMemory::copy_slot(std::span<const int32_t> table, int64_t from, int64_t to) {
+  check_blocks(table, from, 1);
+  check_blocks(table, to, 1);
+  if (from == to) return;
+  auto phys = [&](int64_t s) {
+    return static_cast<int64_t>(table[static_cast<size_t>(s / block_slots_)]) * block_slots_ +
+           s % block_slots_;
+  };
+  cuda::kv_copy_slot(k_.data(), v_.data(), type_, n_layers_, layer_elems(), row_elems_, phys(from),
+                     phys(to));
+}
+
+std::unique_ptr<KvDeviceMemory> CudaKvMemory::clone() const {
+  std::unique_ptr<CudaKvMemory> c(new CudaKvMemory(*this, NoInit{}));
+  cuda::copy_device(c->k_.data(), k_.data(), k_.bytes());
+  cuda::copy_device(c->v_.data(), v_.data(), v_.bytes());
+  return c;
+}
+
+// ---- the model ----------------------------------------------------------------------------------
+
+namespace {
+
+struct DeviceLayer {
+  const float* attn_norm = nullptr;  // [dim]
+  cuda::DeviceMatrix wq;             // [q_dim, dim]
+  cuda::DeviceMatrix wk;             // [kv_dim, dim]
+  cuda::DeviceMatrix wv;             // [kv_dim, dim]
+  cuda::DeviceMatrix wo;             // [dim, q_dim]
+  const float* ffn_norm = nullptr;   // [dim]
+  cuda::DeviceMatrix w_gate;         // [ffn_dim, dim]
+  cuda::DeviceMatrix w_up;           // [ffn_dim, dim]
+  cuda::DeviceMatrix w_down;         // [dim, ffn_dim]
+};
+
+class CudaLlamaModel final : public Model {
+ public:
+  CudaLlamaModel(std::unique_ptr<GgufFile> file, ModelConfig config)
+      : Model(std::move(file), std::move(config)) {
+    load_weights();
+  }
+
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  int64_t matmul_flops_per_token() const override { return flops_per_token_; }
+  const char* device_name() const override { return "cuda"; }
+  std::unique_ptr<KvDeviceMemory> make_kv_device_memory(int32_t n_blocks, int64_t block_slots,
+                                                        KvType type) const override {
+    return std::make_unique<CudaKvMemory>(config_.n_layers, config_.n_kv_heads, config_.head_dim,
+                                          n_blocks, block_slots, type);
+  }
+  using Model::forward;
+  ForwardResult forward(std::span<const SeqBatch> seqs, ThreadPool* pool,
+                        ForwardScratch* scratch) override;
+
+ private:
+  const void* upload_tensor(const GgufTensor& t);
+  cuda::DeviceMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool count = true);
+  const float* vector(const std::string& name, int64_t n);
+  void load_weights();
+  // Copies a device tensor to the host for the dump callback (only when one is set).
+  void dump(const char* name, int layer, const float* data, int64_t rows, int64_t cols) {
+    if (!dump_) return;
+    dump_host_.resize(static_cast<size_t>(rows * cols));
+    cuda::download(dump_host_.data(), data, dump_host_.size() * sizeof(float));
+    dump_(name, layer, dump_host_.data(), rows, cols);
+  }
+
+  cuda::DeviceMatrix tok_embd_;         // [n_vocab, dim]
+  const float* output_norm_ = nullptr;  // [dim]
+  cuda::DeviceMatrix output_;           // [n_vocab, dim] (tok_embd_ when tied)
+  std::vector<DeviceLayer> layers_;
+  std::map<const GgufTensor*, cuda::DeviceBuffer> weights_;  // every uploaded tensor, once
+  int64_t weight_bytes_ = 0;
+  int64_t flops_per_token_ = 0;
+
+  // The pass's buffers (one pass at a time: the device and its stream are shared).
+  std::mutex mu_;
+  std::vector<uint8_t> staging_;  // host side of the pass's one upload
+  cuda::DeviceBuffer d_staging_;
+  cuda::DeviceBuffer d_x_, d_xn_, d_q_, d_k_, d_v_, d_attn_, d_proj_, d_gate_, d_up_, d_sel_,
+      d_logits_;
+  std::vector<float> dump_host_;
+};
+
+const void* CudaLlamaModel::upload_tensor(const GgufTensor& t) {
+  auto it = weights_.find(&t);
+  if (it != weights_.end()) return it->second.data();
+  cuda::DeviceBuffer buf(static_cast<size_t>(t.nbytes));
+  cuda::upload(buf.data(), t.data, static_cast<size_t>(t.nbytes));
+  const void* p = buf.data();
+  weights_.emplace(&t, std::move(buf));
+  return p;
+}
+
+cuda::DeviceMatrix CudaLlamaModel::matrix(const std::string& name, int64_t rows, int64_t cols,
+                                          bool count) {
+  const GgufTensor* t = file_->find_tensor(name);
+  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
+  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+    std::string shape;
+    for (int64_t d : t->ne) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}, {}]", file_->path(),
+                            name, shape, cols, rows));
+  }
+  if (!cuda::matmul_supported(t->type)) {
+    throw Error(fmt::format("{}: tensor '{}' has weight type {}, which the CUDA backend does not "
+                            "support",
+                            file_->path(), name, ggml_type_traits(t->type).name));
+  }
+  cuda::DeviceMatrix w;
+  w.type = t->type;
+  w.data = upload_tensor(*t);
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = ggml_row_bytes(t->type, cols);
+  if (count) {
+    weight_bytes_ += static_cast<int64_t>(t->nbytes);
+    flops_per_token_ += 2 * rows * cols;
+  }
+  return w;
+}
+
+const float* CudaLlamaModel::vector(const std::string& name, int64_t n) {
+  const GgufTensor* t = file_->find_tensor(name);
+  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
+  if (t->ne.size() != 1 || t->ne[0] != n) {
+    throw Error(fmt::format("{}: tensor '{}' should be a vector of {} elements", file_->path(),
+                            name, n));
+  }
+  if (t->type != GgmlType::kF32) {
+    throw Error(fmt::format("{}: tensor '{}' has type {}, expected F32", file_->path(), name,
+                            ggml_type_traits(t->type).name));
+  }
+  weight_bytes_ += static_cast<int64_t>(t->nbytes);
+  return static_cast<const float*>(upload_tensor(*t));
+}
+
+void CudaLlamaModel::load_weights() {
+  const ModelConfig& c = config_;
+  // As the CPU model: the embedding table is read one row per token, not counted.
+  tok_embd_ = matrix("token_embd.weight", c.n_vocab, c.dim, /*count=*/false);
+  output_norm_ = vector("output_norm.weight", c.dim);
+  if (file_->find_tensor("output.weight")) {
+    output_ = matrix("output.weight", c.n_vocab, c.dim);
+  } else {
+    output_ = matrix("token_embd.weight", c.n_vocab, c.dim);  // tied (uploaded once)
+  }
+  layers_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    DeviceLayer& w = layers_[l];
+    w.attn_norm = vector(p + "attn_norm.weight", c.dim);
+    w.wq = matrix(p + "attn_q.weight", c.q_dim(), c.dim);
+    w.wk = matrix(p + "attn_k.weight", c.kv_dim(), c.dim);
+    w.wv = matrix(p + "attn_v.weight", c.kv_dim(), c.dim);
+    w.wo = matrix(p + "attn_output.weight", c.dim, c.q_dim());
+    w.ffn_norm = vector(p + "ffn_norm.weight", c.dim);
+    w.w_gate = matrix(p + "ffn_gate.weight", c.ffn_dim, c.dim);
+    w.w_up = matrix(p + "ffn_up.weight", c.ffn_dim, c.dim);
+    w.w_down = matrix(p + "ffn_down.weight", c.dim, c.ffn_dim);
+  }
+  cuda::synchronize();
+}
+
+ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* /*pool*/,
+                                      ForwardScratch* scratch) {
+  const ModelConfig& c = config_;
+  ForwardScratch& sc = *scratch;
+  // Every check before anything is written (as the CPU model).
+  std::vector<CudaKvMemory*> mems(seqs.size());
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    check_seq_batch(seqs[si]);
+    KvDeviceMemory* dm = seqs[si].kv.storage->device_memory();
+    mems[si] = dm == nullptr ? nullptr : dynamic_cast<CudaKvMemory*>(dm);
+    if (mems[si] == nullptr) {
+      throw Error("forward: the model is on the GPU but a sequence's KV cache is not (make it "
+                  "with the model's make_kv_cache / make_paged_kv)");
+    }
+    if (mems[si]->n_layers() != c.n_layers || mems[si]->n_kv_heads() != c.n_kv_heads ||
+        mems[si]->head_dim() != c.head_dim || mems[si]->type() != seqs[si].kv.storage->type() ||
+        mems[si]->block_slots() != seqs[si].kv.storage->block_slots() ||
+        mems[si]->n_blocks() != seqs[si].kv.storage->n_blocks()) {
+      throw Error("forward: the KV cache's device memory has another shape than its storage");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+
+  const auto n_seqs = static_cast<int64_t>(seqs.size());
+  int64_t* offsets = grow(sc.offsets, static_cast<size_t>(n_seqs + 1));  // [n_seqs + 1]
+  offsets[0] = 0;
+  int64_t n_out = 0;
+  bool want_hidden = false;
+  bool one_pool = true;  // every sequence in the same device pool: one launch per op
+  int64_t n_tables = 0, n_mask = 0;
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    const SeqBatch& sb = seqs[si];
+    const auto n_new = static_cast<int64_t>(sb.batch.tokens.size());
+    offsets[si + 1] = offsets[si] + n_new;
+    n_out += static_cast<int64_t>(sb.batch.output_rows.size());
+    want_hidden = want_hidden || sb.batch.want_hidden;
+    one_pool = one_pool && mems[si] == mems[0];
+    if (n_new > 0) {
+      const int64_t bs = sb.kv.storage->block_slots();
+      n_tables += (sb.kv.n_past + n_new + bs - 1) / bs;
+      if (!sb.batch.mask.empty()) n_mask += n_new * n_new;
+    }
+  }
+  const int64_t n = offsets[n_seqs];
+  if (n == 0) return {};
+
+  // The pass's one upload: [tokens int32 n | positions int32 n | physical slots int64 n |
+  // attention descriptors | block tables int32 | masks u8 | output rows int32 n_out], each
+  // section 16-byte aligned.
+  size_t total = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = total;
+    total = align16(total + bytes);
+    return at;
+  };
+  const size_t o_tokens = take(static_cast<size_t>(n) * sizeof(int32_t));
+  const size_t o_positions = take(static_cast<size_t>(n) * sizeof(int32_t));
+  const size_t o_phys = take(static_cast<size_t>(n) * sizeof(int64_t));
+  const size_t o_seqs = take(static_cast<size_t>(n_seqs) * sizeof(cuda::DeviceAttnSeq));
+  const size_t o_tables = take(static_cast<size_t>(n_tables) * sizeof(int32_t));
+  const size_t o_masks = take(static_cast<size_t>(n_mask));
+  const size_t o_out_rows = take(static_cast<size_t>(n_out) * sizeof(int32_t));
+  staging_.assign(total, 0);
+  uint8_t* h = staging_.data();
+  auto* tokens = reinterpret_cast<int32_t*>(h + o_tokens);
+  auto* positions = reinterpret_cast<int32_t*>(h + o_positions);
+  auto* phys = reinterpret_cast<int64_t*>(h + o_phys);
+  auto* tables = reinterpret_cast<int32_t*>(h + o_tables);
+  uint8_t* masks = h + o_masks;
+  auto* out_rows = reinterpret_cast<int32_t*>(h + o_out_rows);
+  // Attention descriptors of the sequences with new tokens (descs[k] is sequence attn_seq[k]).
+  // With one pool, row0 is the sequence's first row of the pass (one call for all); otherwise 0
+  // (one call per sequence, on its rows).
+  std::vector<cuda::DeviceAttnSeq> descs;
+  std::vector<int64_t> attn_seq;
+  int64_t max_visible = 0;
+  int64_t at_table = 0, at_mask = 0, at_out = 0;
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    const SeqBatch& sb = seqs[si];
+    const ForwardBatch& b = sb.batch;
+    const auto n_new = static_cast<int64_t>(b.tokens.size());
+    const int64_t bs = sb.kv.storage->block_slots();
+    for (int64_t i = 0; i < n_new; ++i) {
+      const int64_t row = offsets[si] + i;
+      tokens[row] = b.tokens[static_cast<size_t>(i)];
+      positions[row] = b.positions[static_cast<size_t>(i)];
+      const int64_t s = sb.kv.n_past + i;
+      phys[row] = static_cast<int64_t>(sb.kv.table[static_cast<size_t>(s / bs)]) * bs + s % bs;
+    }
+    for (int32_t r : b.output_rows) out_rows[at_out++] = static_cast<int32_t>(offsets[si] + r);
+    if (n_new == 0) continue;
+    cuda::DeviceAttnSeq d;
+    d.row0 = one_pool ? offsets[si] : 0;
+    d.n_new = n_new;
+    d.n_past = sb.kv.n_past;
+    d.table = at_table;
+    const int64_t n_blocks = (sb.kv.n_past + n_new + bs - 1) / bs;
+    std::copy(sb.kv.table.begin(), sb.kv.table.begin() + n_blocks, tables + at_table);
+    at_table += n_blocks;
+    if (!b.mask.empty()) {
+      d.mask = at_mask;
+      std::copy(b.mask.begin(), b.mask.end(), masks + at_mask);
+      at_mask += n_new * n_new;
+    } else {
+      d.mask = -1;
+    }
+    descs.push_back(d);
+    attn_seq.push_back(si);
+    max_visible = std::max(max_visible, sb.kv.n_past + n_new);
+  }
+  SPECDEC_CHECK(at_table == n_tables && at_mask == n_mask && at_out == n_out,
+                "forward: staging sizes");
+  if (!descs.empty()) {
+    std::memcpy(h + o_seqs, descs.data(), descs.size() * sizeof(cuda::DeviceAttnSeq));
+  }
+  d_staging_.reserve(total);
+  cuda::upload(d_staging_.data(), h, total);
+  const uint8_t* d = d_staging_.as<uint8_t>();
+  const auto* d_tokens = reinterpret_cast<const int32_t*>(d + o_tokens);
+  const auto* d_positions = reinterpret_cast<const int32_t*>(d + o_positions);
+  const auto* d_phys = reinterpret_cast<const int64_t*>(d + o_phys);
+  const auto* d_seqs = reinterpret_cast<const cuda::DeviceAttnSeq*>(d + o_seqs);
+  const auto* d_tables = reinterpret_cast<const int32_t*>(d + o_tables);
+  const auto* d_masks = d + o_masks;
+  const auto* d_out_rows = reinterpret_cast<const int32_t*>(d + o_out_rows);
+
+  const int64_t q_dim = c.q_dim(), kv_row = c.kv_dim();
+  auto reserve = [&](cuda::DeviceBuffer& buf, int64_t elems) {
+    buf.reserve(static_cast<size_t>(std::max<int64_t>(elems, 1)) * sizeof(float));
+    return buf.as<float>();
+  };
+  float* x = reserve(d_x_, n * c.dim);              // [n, dim]
+  float* xn = reserve(d_xn_, n * c.dim);            // [n, dim]
+  float* q = reserve(d_q_, n * q_dim);              // [n, q_dim]
+  float* k = reserve(d_k_, n * kv_row);             // [n, kv_dim]
+  float* v = reserve(d_v_, n * kv_row);             // [n, kv_dim]
+  float* attn = reserve(d_attn_, n * q_dim);        // [n, q_dim]
+  float* proj = reserve(d_proj_, n * c.dim);        // [n, dim]
+  float* gate = reserve(d_gate_, n * c.ffn_dim);    // [n, ffn_dim]
+  float* up = reserve(d_up_, n * c.ffn_dim);        // [n, ffn_dim]
+
+  cuda::get_rows(tok_embd_, d_tokens, n, x);
+  dump("inp_embd", -1, x, n, c.dim);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const DeviceLayer& w = layers_[l];
+    cuda::rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
+    dump("attn_norm", l, xn, n, c.dim);
+    cuda::matmul(w.wq, xn, n, q);
+    cuda::matmul(w.wk, xn, n, k);
+    cuda::matmul(w.wv, xn, n, v);
+    cuda::rope(q, d_positions, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
+               c.rope_freq_scale, c.rope_style);
+    cuda::rope(k, d_positions, n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
+               c.rope_freq_scale, c.rope_style);
+    dump("q_rope", l, q, n, q_dim);
+    dump("k_rope", l, k, n, kv_row);
+    dump("v", l, v, n, kv_row);
+    if (one_pool) {
+      // Every new token's K/V at its physical slot, then every sequence's attention: one call
+      // each for the pass.
+      const cuda::DeviceKvLayer kv_layer = mems[0]->layer(l);
+      cuda::kv_write(kv_layer, d_phys, n, k, v);
+      if (!descs.empty()) {
+        cuda::paged_attention(kv_layer, q, n, c.n_heads, scale, d_seqs,
+                              static_cast<int64_t>(descs.size()), d_tables, d_masks, max_visible,
+                              attn);
+      }
+    } else {
+      // Sequences in different pools: one call each, on its rows.
+      for (size_t kk = 0; kk < descs.size(); ++kk) {
+        const int64_t si = attn_seq[kk];
+        const int64_t row0 = offsets[si];
+        const cuda::DeviceKvLayer kv_layer = mems[static_cast<size_t>(si)]->layer(l);
+        cuda::kv_write(kv_layer, d_phys + row0, descs[kk].n_new, k + row0 * kv_row,
+                       v + row0 * kv_row);
+        cuda::paged_attention(kv_layer, q + row0 * q_dim, descs[kk].n_new, c.n_heads, scale,
+                              d_seqs + kk, 1, d_tables, d_masks,
+                              descs[kk].n_past + descs[kk].n_new, attn + row0 * q_dim);
+      }
+    }
+    dump("attn_out", l, attn, n, q_dim);
+    cuda::matmul(w.wo, attn, n, proj);
+    cuda::add(x, proj, n * c.dim);
+    dump("attn_residual", l, x, n, c.dim);
+    cuda::rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
+    cuda::matmul(w.w_gate, xn, n, gate);
+    cuda::matmul(w.w_up, xn, n, up);
+    cuda::swiglu(gate, up, n * c.ffn_dim, gate);
+    dump("ffn_act", l, gate, n, c.ffn_dim);
+    cuda::matmul(w.w_down, gate, n, proj);
+    cuda::add(x, proj, n * c.dim);
+    dump("layer_out", l, x, n, c.dim);
+  }
+
+  ForwardResult result;
+  if (n_out == 0) {
+    cuda::synchronize();  // the K/V writes are done (and any kernel error surfaces here)
+    return result;
+  }
+  // The output rows of x (a float matrix [n, dim]), final-normed, then the logits.
+  float* sel = reserve(d_sel_, n_out * c.dim);              // [n_out, dim]
+  float* logits = reserve(d_logits_, n_out * c.n_vocab);    // [n_out, n_vocab]
+  cuda::DeviceMatrix x_rows;
+  x_rows.type = GgmlType::kF32;
+  x_rows.data = x;
+  x_rows.rows = n;
+  x_rows.cols = c.dim;
+  x_rows.row_bytes = static_cast<int64_t>(c.dim) * static_cast<int64_t>(sizeof(float));
+  cuda::get_rows(x_rows, d_out_rows, n_out, sel);
+  cuda::rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
+  dump("result_norm", -1, sel, n_out, c.dim);
+  cuda::matmul(output_, sel, n_out, logits);
+  float* h_logits = grow(sc.logits, static_cast<size_t>(n_out * c.n_vocab));
+  cuda::download(h_logits, logits, static_cast<size_t>(n_out * c.n_vocab) * sizeof(float));
+  if (dump_) dump_("result_output", -1, h_logits, n_out, c.n_vocab);
+  result.logits = {h_logits, static_cast<size_t>(n_out * c.n_vocab)};
+  if (want_hidden) {
+    float* h_sel = grow(sc.sel, static_cast<size_t>(n_out * c.dim));
+    cuda::download(h_sel, sel, static_cast<size_t>(n_out * c.dim) * sizeof(float));
+    result.hidden = {h_sel, static_cast<size_t>(n_out * c.dim)};
+  }
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_cuda_llama(const std::string& path) {
+  if (!cuda::available()) throw Error("no CUDA device");
+  std::unique_ptr<GgufFile> file = GgufFile::open(path);
+  ModelConfig config = ModelConfig::from_gguf(*file);
+  return std::make_unique<CudaLlamaModel>(std::move(file), std::move(config));
+}
+
+}  // namespace specdec

@@ -1,0 +1,738 @@
+// The CUDA backend's ops (backend/cuda/cuda_ops.h) against the CPU reference, and their batch
+// invariance. Every test skips itself where no CUDA device answers.
+//
+//  * get_rows: every weight type, bitwise the CPU's dequantize_row (the same float arithmetic).
+//  * matmul: every weight type, shapes with rows not a multiple of the 8-row tiling, partial
+//    1024-column chunks, partial 32-element units (float types, cols 172 / 100), n = 1, 3, 8, 16,
+//    33: within a bound relative to sum |w x| of a double reference over the CPU-dequantized
+//    weights; and BATCH INVARIANCE: each token row of the n = 3, 8, 16, 33 calls is bitwise the
+//    n = 1 call on that token.
+//  * rmsnorm (also in place), add, swiglu, swiglu_rows, rope (both styles, partial rope_dim,
+//    several bases / scales) against the CPU ops.
+//  * kv_write (f16 rounding bitwise as the CPU's fp32_to_fp16, untouched slots stay untouched),
+//    kv_copy_slot over several layers.
+//  * paged_attention against the CPU attention() over a contiguous float cache holding the same
+//    values: causal, tree mask, a row that sees nothing, GQA 9 / 3 heads head_dim 64 and 4 / 1
+//    heads head_dim 128, n_past 0 / 37 / 700, f16 and f32, 16-slot blocks in a scattered table,
+//    every other block of the pool NaN. Batch invariance: every sequence alone gives the bits
+//    of the batched call; causal row i gives the bits of a decode (n_new = 1) at n_past + i; a
+//    tree row gives the bits of a decode over its visible slots compacted into fresh blocks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/quant_blocks.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/ggml_type.h"
+#include "util/check.h"
+
+namespace specdec {
+namespace {
+
+const GgmlType kAllTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
+                              GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                              GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+const char* type_name(GgmlType t) {
+  return ggml_type_traits(t).name;
+}
+
+// ---- device helpers ---------------------------------------------------------------------------
+
+template <class T>
+cuda::DeviceBuffer to_device(const std::vector<T>& v) {
+  cuda::DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 16));
+  cuda::upload(b.data(), v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+template <class T>
+std::vector<T> from_device(const void* p, size_t count) {
+  std::vector<T> v(count);
+  cuda::download(v.data(), p, count * sizeof(T));
+  return v;
+}
+
+int64_t first_bit_difference(const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(a + i, b + i, 4) != 0) return i;
+  }
+  return -1;
+}
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// ---- weights ----------------------------------------------------------------------------------
+
+void put_f16(uint8_t* p, float v) {
+  const uint16_t h = fp32_to_fp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random bytes for a whole block (every code value occurs), then sane f16 scales written over
+// the scale fields (random scale bytes would make inf / NaN).
+void random_block(GgmlType type, std::mt19937& rng, uint8_t* out) {
+  const int64_t bytes = ggml_type_traits(type).block_bytes;
+  for (int64_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f);
+  std::uniform_real_distribution<float> offset(-1.0f, 1.0f);
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0:
+      put_f16(out, scale(rng));
+      return;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+      put_f16(out, scale(rng));
+      put_f16(out + 2, offset(rng));
+      return;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+      put_f16(out, scale(rng) * 0.1f);
+      put_f16(out + 2, scale(rng) * 0.1f);
+      return;
+    case GgmlType::kQ6_K:
+      put_f16(out + 208, scale(rng) * 0.05f);
+      return;
+    default:
+      FAIL() << "not a quantized type";
+  }
+}
+
+struct HostWeights {
+  GgmlType type;
+  int64_t rows, cols, row_bytes;
+  std::vector<uint8_t> data;
+  WeightMatrix cpu() const {
+    WeightMatrix w;
+    w.type = type;
+    w.data = data.data();
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = row_bytes;
+    return w;
+  }
+  // All rows dequantized by the CPU: [rows, cols].
+  std::vector<float> dequantized() const {
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) dequantize_row(cpu(), r, out.data() + r * cols);
+    return out;
+  }
+};
+
+HostWeights make_weights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  HostWeights w{type, rows, cols, ggml_row_bytes(type, cols), {}};
+  w.data.resize(static_cast<size_t>(rows * w.row_bytes));
+  const GgmlTypeTraits& t = ggml_type_traits(type);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = w.data.data() + r * w.row_bytes;
+    if (t.block_size == 1) {
+      for (int64_t k = 0; k < cols; ++k) {
+        const float v = normal(rng);
+        if (type == GgmlType::kF32) {
+          std::memcpy(row + 4 * k, &v, 4);
+        } else {
+          const uint16_t h = type == GgmlType::kF16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
+          std::memcpy(row + 2 * k, &h, 2);
+        }
+      }
+      continue;
+    }
+    for (int64_t b = 0; b < cols / t.block_size; ++b) random_block(type, rng, row + b * t.block_bytes);
+  }
+  return w;
+}
+
+struct DeviceWeights {
+  cuda::DeviceBuffer buf;
+  cuda::DeviceMatrix m;
+};
+
+DeviceWeights upload_weights(const HostWeights& w) {
+  DeviceWeights d;
+  d.buf = to_device(w.data);
+  d.m.type = w.type;
+  d.m.data = d.buf.data();
+  d.m.rows = w.rows;
+  d.m.cols = w.cols;
+  d.m.row_bytes = w.row_bytes;
+  return d;
+}
+
+// Column counts for a type: a full chunk multiple, partial chunks, a short row.
+std::vector<int64_t> cols_for(GgmlType type) {
+  const int64_t bs = ggml_type_traits(type).block_size;
+  if (bs == 256) return {4096, 768, 2304};
+  if (bs == 32) return {4096, 576, 1056};
+  return {4096, 576, 172, 100};  // float types: 172 / 100 are not multiples of 32
+}
+
+// ---- get_rows ---------------------------------------------------------------------------------
+
+TEST(CudaOps, GetRowsBitwiseEveryType) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (GgmlType type : kAllTypes) {
+    for (int64_t cols : cols_for(type)) {
+      SCOPED_TRACE(std::string(type_name(type)) + " cols " + std::to_string(cols));
+      const int64_t rows = 37;
+      const HostWeights w = make_weights(type, rows, cols, 1000 + static_cast<uint32_t>(cols));
+      const std::vector<float> ref = w.dequantized();
+      DeviceWeights dw = upload_weights(w);
+      const std::vector<int32_t> ids = {0, 36, 5, 5, 17, 1, 35, 20};
+      cuda::DeviceBuffer d_ids = to_device(ids);
+      const int64_t n = static_cast<int64_t>(ids.size());
+      cuda::DeviceBuffer d_out(static_cast<size_t>(n * cols) * 4);
+      cuda::get_rows(dw.m, d_ids.as<int32_t>(), n, d_out.as<float>());
+      const std::vector<float> out = from_device<float>(d_out.data(), static_cast<size_t>(n * cols));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t diff =
+            first_bit_difference(out.data() + i * cols, ref.data() + ids[i] * cols, cols);
+        ASSERT_EQ(diff, -1) << "row " << ids[i] << " col " << diff << ": gpu "
+                            << out[i * cols + diff] << " cpu " << ref[ids[i] * cols + diff];
+      }
+    }
+  }
+}
+
+// ---- matmul -----------------------------------------------------------------------------------
+
+TEST(CudaOps, MatmulEveryTypeAgainstReference) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t kNs[] = {1, 3, 8, 16, 33};
+  for (GgmlType type : kAllTypes) {
+    for (int64_t cols : cols_for(type)) {
+      for (int64_t rows : {int64_t{37}, int64_t{8}}) {
+        SCOPED_TRACE(std::string(type_name(type)) + " rows " + std::to_string(rows) + " cols " +
+                     std::to_string(cols));
+        const HostWeights w = make_weights(type, rows, cols, 77 + static_cast<uint32_t>(cols + rows));
+        const std::vector<float> wf = w.dequantized();
+        DeviceWeights dw = upload_weights(w);
+        std::mt19937 rng(static_cast<uint32_t>(cols * 3 + rows));
+        const int64_t n_max = 33;
+        std::vector<float> x = random_floats(rng, n_max * cols, -1.0f, 1.0f);
+        for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>(2 * cols + k)] *= 1e-3f;  // small row
+        cuda::DeviceBuffer d_x = to_device(x);
+        cuda::DeviceBuffer d_y(static_cast<size_t>(n_max * rows) * 4);
+        for (int64_t n : kNs) {
+          cuda::zero(d_y.data(), d_y.bytes());
+          cuda::matmul(dw.m, d_x.as<float>(), n, d_y.as<float>());
+          const std::vector<float> y = from_device<float>(d_y.data(), static_cast<size_t>(n * rows));
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t r = 0; r < rows; ++r) {
+              double ref = 0.0, mag = 0.0;
+              for (int64_t k = 0; k < cols; ++k) {
+                const double p = static_cast<double>(wf[r * cols + k]) * x[t * cols + k];
+                ref += p;
+                mag += std::fabs(p);
+              }
+              const double got = y[t * rows + r];
+              ASSERT_LE(std::fabs(got - ref), 1e-5 * mag + 1e-6)
+                  << "n " << n << " token " << t << " row " << r << ": gpu " << got << " ref "
+                  << ref;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaOps, MatmulBatchInvariantEveryType) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (GgmlType type : kAllTypes) {
+    for (int64_t cols : cols_for(type)) {
+      SCOPED_TRACE(std::string(type_name(type)) + " cols " + std::to_string(cols));
+      const int64_t rows = 45;
+      const HostWeights w = make_weights(type, rows, cols, 5 + static_cast<uint32_t>(cols));
+      DeviceWeights dw = upload_weights(w);
+      std::mt19937 rng(static_cast<uint32_t>(cols));
+      const int64_t n_max = 33;
+      const std::vector<float> x = random_floats(rng, n_max * cols, -2.0f, 2.0f);
+      cuda::DeviceBuffer d_x = to_device(x);
+      // Each token alone.
+      cuda::DeviceBuffer d_one(static_cast<size_t>(n_max * rows) * 4);
+      for (int64_t t = 0; t < n_max; ++t) {
+        cuda::matmul(dw.m, d_x.as<float>() + t * cols, 1, d_one.as<float>() + t * rows);
+      }
+      const std::vector<float> one = from_device<float>(d_one.data(), static_cast<size_t>(n_max * rows));
+      cuda::DeviceBuffer d_y(static_cast<size_t>(n_max * rows) * 4);
+      for (int64_t n : {int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{33}}) {
+        cuda::zero(d_y.data(), d_y.bytes());
+        cuda::matmul(dw.m, d_x.as<float>(), n, d_y.as<float>());
+        const std::vector<float> y = from_device<float>(d_y.data(), static_cast<size_t>(n * rows));
+        const int64_t diff = first_bit_difference(y.data(), one.data(), n * rows);
+        ASSERT_EQ(diff, -1) << "n " << n << ": token " << diff / rows << " row " << diff % rows
+                            << " batched " << y[diff] << " alone " << one[diff];
+      }
+      // A batch that starts at another token (the tile positions shift).
+      cuda::zero(d_y.data(), d_y.bytes());
+      cuda::matmul(dw.m, d_x.as<float>() + 5 * cols, 20, d_y.as<float>());
+      const std::vector<float> y = from_device<float>(d_y.data(), static_cast<size_t>(20 * rows));
+      const int64_t diff = first_bit_difference(y.data(), one.data() + 5 * rows, 20 * rows);
+      ASSERT_EQ(diff, -1) << "offset batch: token " << 5 + diff / rows << " row " << diff % rows;
+    }
+  }
+}
+
+TEST(CudaOps, MatmulZeroTokensAndSupportedTypes) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (GgmlType type : kAllTypes) EXPECT_TRUE(cuda::matmul_supported(type)) << type_name(type);
+  EXPECT_FALSE(cuda::matmul_supported(GgmlType::kQ2_K));
+  const HostWeights w = make_weights(GgmlType::kQ8_0, 8, 64, 3);
+  DeviceWeights dw = upload_weights(w);
+  cuda::matmul(dw.m, nullptr, 0, nullptr);  // a no-op
+  cuda::synchronize();
+}
+
+// ---- element-wise -----------------------------------------------------------------------------
+
+TEST(CudaOps, RmsnormMatchesCpu) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t dim : {int64_t{4096}, int64_t{576}, int64_t{64}, int64_t{1000}}) {
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    std::mt19937 rng(static_cast<uint32_t>(dim));
+    const int64_t n_rows = 5;
+    std::vector<float> x = random_floats(rng, n_rows * dim, -3.0f, 3.0f);
+    for (int64_t i = 0; i < dim; ++i) x[static_cast<size_t>(dim + i)] *= 1e-4f;
+    const std::vector<float> wt = random_floats(rng, dim, 0.5f, 1.5f);
+    std::vector<float> ref(x.size());
+    rmsnorm_isa(Isa::kScalar, x.data(), wt.data(), 1e-5f, n_rows, dim, ref.data());
+    cuda::DeviceBuffer d_x = to_device(x), d_w = to_device(wt);
+    cuda::DeviceBuffer d_y(x.size() * 4);
+    cuda::rmsnorm(d_x.as<float>(), d_w.as<float>(), 1e-5f, n_rows, dim, d_y.as<float>());
+    const std::vector<float> y = from_device<float>(d_y.data(), x.size());
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_LE(std::fabs(y[i] - ref[i]), 5e-7f * std::fabs(ref[i]) + 1e-30f) << "element " << i;
+    }
+    // In place.
+    cuda::rmsnorm(d_x.as<float>(), d_w.as<float>(), 1e-5f, n_rows, dim, d_x.as<float>());
+    const std::vector<float> y2 = from_device<float>(d_x.data(), x.size());
+    ASSERT_EQ(first_bit_difference(y.data(), y2.data(), static_cast<int64_t>(y.size())), -1);
+  }
+}
+
+TEST(CudaOps, AddSwigluMatchCpu) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  const int64_t n = 14336 * 3 + 7;
+  const std::vector<float> a = random_floats(rng, n, -8.0f, 8.0f);
+  const std::vector<float> b = random_floats(rng, n, -8.0f, 8.0f);
+  cuda::DeviceBuffer d_a = to_device(a), d_b = to_device(b), d_o(static_cast<size_t>(n) * 4);
+  // add
+  cuda::copy_device(d_o.data(), d_a.data(), static_cast<size_t>(n) * 4);
+  cuda::add(d_o.as<float>(), d_b.as<float>(), n);
+  std::vector<float> got = from_device<float>(d_o.data(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], a[i] + b[i]) << i;
+  // swiglu
+  std::vector<float> ref(static_cast<size_t>(n));
+  swiglu_isa(Isa::kScalar, a.data(), b.data(), n, ref.data());
+  cuda::swiglu(d_a.as<float>(), d_b.as<float>(), n, d_o.as<float>());
+  got = from_device<float>(d_o.data(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_LE(std::fabs(got[i] - ref[i]), 1e-6f * std::fabs(ref[i]) + 1e-30f) << i;
+  }
+  // swiglu_rows: gate | up side by side.
+  const int64_t rows = 3, ffn = 1000;
+  const std::vector<float> gu = random_floats(rng, rows * 2 * ffn, -6.0f, 6.0f);
+  std::vector<float> ref_rows(static_cast<size_t>(rows * ffn));
+  for (int64_t r = 0; r < rows; ++r) {
+    swiglu_isa(Isa::kScalar, gu.data() + r * 2 * ffn, gu.data() + r * 2 * ffn + ffn, ffn,
+               ref_rows.data() + r * ffn);
+  }
+  cuda::DeviceBuffer d_gu = to_device(gu);
+  cuda::swiglu_rows(d_gu.as<float>(), rows, ffn, d_o.as<float>());
+  got = from_device<float>(d_o.data(), static_cast<size_t>(rows * ffn));
+  for (int64_t i = 0; i < rows * ffn; ++i) {
+    ASSERT_LE(std::fabs(got[i] - ref_rows[i]), 1e-6f * std::fabs(ref_rows[i]) + 1e-30f) << i;
+  }
+  // In place (out aliases gate).
+  cuda::swiglu(d_a.as<float>(), d_b.as<float>(), n, d_a.as<float>());
+  got = from_device<float>(d_a.data(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_LE(std::fabs(got[i] - ref[i]), 1e-6f * std::fabs(ref[i]) + 1e-30f) << i;
+  }
+}
+
+TEST(CudaOps, RopeMatchesCpuBothStyles) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int n_heads, head_dim, rope_dim;
+    float base, scale;
+  };
+  const Case cases[] = {{4, 64, 64, 10000.0f, 1.0f},
+                        {3, 128, 128, 500000.0f, 1.0f},
+                        {2, 64, 32, 10000.0f, 0.25f},
+                        {8, 8, 8, 10000.0f, 1.0f}};
+  for (const Case& c : cases) {
+    for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
+      SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " rope_dim " +
+                   std::to_string(c.rope_dim) + (style == RopeStyle::kNorm ? " norm" : " neox"));
+      std::mt19937 rng(static_cast<uint32_t>(c.head_dim * 7 + c.rope_dim));
+      const int64_t n_tokens = 9;
+      std::vector<int32_t> pos = {0, 1, 2, 17, 100, 511, 1000, 4095, 30000};
+      std::vector<float> x = random_floats(rng, n_tokens * c.n_heads * c.head_dim, -2.0f, 2.0f);
+      std::vector<float> ref = x;
+      rope(ref.data(), pos.data(), n_tokens, c.n_heads, c.head_dim, c.rope_dim, c.base, c.scale,
+           style);
+      cuda::DeviceBuffer d_x = to_device(x), d_pos = to_device(pos);
+      cuda::rope(d_x.as<float>(), d_pos.as<int32_t>(), n_tokens, c.n_heads, c.head_dim,
+                 c.rope_dim, c.base, c.scale, style);
+      const std::vector<float> got = from_device<float>(d_x.data(), x.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        // Pass-through dims are untouched; rotated ones within a few ulps of |x|.
+        ASSERT_LE(std::fabs(got[i] - ref[i]), 2e-6f) << "element " << i << " gpu " << got[i]
+                                                     << " cpu " << ref[i];
+      }
+    }
+  }
+}
+
+// ---- KV cache ---------------------------------------------------------------------------------
+
+TEST(CudaOps, KvWriteAndCopySlot) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (KvType type : {KvType::kF16, KvType::kF32}) {
+    SCOPED_TRACE(kv_type_name(type));
+    const int n_layers = 3, n_kv = 3, hd = 64;
+    const int64_t bs = 16, n_blocks = 6, slots = bs * n_blocks;
+    const int64_t row_elems = n_kv * hd, layer_elems = slots * row_elems;
+    const size_t eb = kv_type_bytes(type);
+    const size_t pool_bytes = static_cast<size_t>(n_layers * layer_elems) * eb;
+    cuda::DeviceBuffer k(pool_bytes), v(pool_bytes);
+    std::vector<uint8_t> init(pool_bytes);
+    for (size_t i = 0; i < pool_bytes; ++i) init[i] = static_cast<uint8_t>(i * 131 + 7);
+    cuda::upload(k.data(), init.data(), pool_bytes);
+    cuda::upload(v.data(), init.data(), pool_bytes);
+    std::vector<uint8_t> hk = init, hv = init;  // the expected pools
+
+    std::mt19937 rng(5);
+    const std::vector<int64_t> phys = {3, 50, 17, 95, 0};
+    const int64_t n = static_cast<int64_t>(phys.size());
+    const std::vector<float> kf = random_floats(rng, n * row_elems, -70000.0f, 70000.0f);
+    std::vector<float> vf = random_floats(rng, n * row_elems, -1.0f, 1.0f);
+    vf[3] = 1e-6f;   // f16 subnormal
+    vf[4] = 2.5e-8f;  // rounds to zero or the smallest subnormal
+    cuda::DeviceBuffer d_phys = to_device(phys), d_k = to_device(kf), d_v = to_device(vf);
+    const int layer = 1;
+    cuda::DeviceKvLayer L;
+    L.k = static_cast<uint8_t*>(k.data()) + layer * layer_elems * eb;
+    L.v = static_cast<uint8_t*>(v.data()) + layer * layer_elems * eb;
+    L.type = type;
+    L.n_kv_heads = n_kv;
+    L.head_dim = hd;
+    L.block_slots = bs;
+    cuda::kv_write(L, d_phys.as<int64_t>(), n, d_k.as<float>(), d_v.as<float>());
+    auto put = [&](std::vector<uint8_t>& pool, int64_t elem_index, float value) {
+      uint8_t* p = pool.data() + static_cast<size_t>(elem_index) * eb;
+      if (type == KvType::kF16) {
+        const uint16_t h = fp32_to_fp16(value);
+        std::memcpy(p, &h, 2);
+      } else {
+        std::memcpy(p, &value, 4);
+      }
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t e = 0; e < row_elems; ++e) {
+        const int64_t at = layer * layer_elems + phys[i] * row_elems + e;
+        put(hk, at, kf[i * row_elems + e]);
+        put(hv, at, vf[i * row_elems + e]);
+      }
+    }
+    ASSERT_TRUE(from_device<uint8_t>(k.data(), pool_bytes) == hk);
+    ASSERT_TRUE(from_device<uint8_t>(v.data(), pool_bytes) == hv);
+
+    // Copy slot 50 to slot 4 in every layer.
+    cuda::kv_copy_slot(k.data(), v.data(), type, n_layers, layer_elems, row_elems, 50, 4);
+    for (int l = 0; l < n_layers; ++l) {
+      const size_t from = static_cast<size_t>(l * layer_elems + 50 * row_elems) * eb;
+      const size_t to = static_cast<size_t>(l * layer_elems + 4 * row_elems) * eb;
+      std::memcpy(hk.data() + to, hk.data() + from, static_cast<size_t>(row_elems) * eb);
+      std::memcpy(hv.data() + to, hv.data() + from, static_cast<size_t>(row_elems) * eb);
+    }
+    ASSERT_TRUE(from_device<uint8_t>(k.data(), pool_bytes) == hk);
+    ASSERT_TRUE(from_device<uint8_t>(v.data(), pool_bytes) == hv);
+  }
+}
+
+// ---- paged attention ---------------------------------------------------------------------------
+
+// A pool of blocks for one layer, filled with NaN; sequences get scattered blocks.
+struct Pool {
+  KvType type;
+  int n_kv, hd;
+  int64_t bs, n_blocks;
+  cuda::DeviceBuffer k, v;
+  std::vector<int32_t> free_blocks;
+  cuda::DeviceKvLayer layer() const {
+    cuda::DeviceKvLayer L;
+    L.k = k.data();
+    L.v = v.data();
+    L.type = type;
+    L.n_kv_heads = n_kv;
+    L.head_dim = hd;
+    L.block_slots = bs;
+    return L;
+  }
+};
+
+Pool make_pool(KvType type, int n_kv, int hd, int64_t bs, int64_t n_blocks, std::mt19937& rng) {
+  Pool p{type, n_kv, hd, bs, n_blocks, {}, {}, {}};
+  const size_t bytes = static_cast<size_t>(n_blocks * bs * n_kv * hd) * kv_type_bytes(type);
+  p.k = cuda::DeviceBuffer(bytes);
+  p.v = cuda::DeviceBuffer(bytes);
+  std::vector<uint8_t> nan(bytes, 0xff);  // all-ones: NaN in f16 and f32
+  cuda::upload(p.k.data(), nan.data(), bytes);
+  cuda::upload(p.v.data(), nan.data(), bytes);
+  p.free_blocks.resize(static_cast<size_t>(n_blocks));
+  std::iota(p.free_blocks.begin(), p.free_blocks.end(), 0);
+  std::shuffle(p.free_blocks.begin(), p.free_blocks.end(), rng);
+  return p;
+}
+
+// One sequence: its stored K/V (as floats, after the cache's rounding), block table, mask.
+struct Seq {
+  int64_t n_past = 0, n_new = 0;
+  std::vector<int32_t> table;
+  std::vector<uint8_t> mask;  // [n_new, n_new] or empty (causal)
+  std::vector<float> k, v;    // [n_past + n_new, n_kv, hd] as stored
+};
+
+float stored(KvType type, float x) {
+  return type == KvType::kF16 ? fp16_to_fp32(fp32_to_fp16(x)) : x;
+}
+
+// Writes k, v ([slots, n_kv, hd] floats) into fresh blocks of the pool; returns the table.
+std::vector<int32_t> write_slots(Pool& pool, const std::vector<float>& k, const std::vector<float>& v,
+                                 int64_t slots) {
+  std::vector<int32_t> table;
+  const int64_t n_tbl = (slots + pool.bs - 1) / pool.bs;
+  for (int64_t b = 0; b < std::max<int64_t>(n_tbl, 1); ++b) {
+    EXPECT_FALSE(pool.free_blocks.empty());
+    table.push_back(pool.free_blocks.back());
+    pool.free_blocks.pop_back();
+  }
+  if (slots == 0) return table;
+  std::vector<int64_t> phys(static_cast<size_t>(slots));
+  for (int64_t s = 0; s < slots; ++s) phys[s] = table[s / pool.bs] * pool.bs + s % pool.bs;
+  cuda::DeviceBuffer d_phys = to_device(phys), d_k = to_device(k), d_v = to_device(v);
+  cuda::kv_write(pool.layer(), d_phys.as<int64_t>(), slots, d_k.as<float>(), d_v.as<float>());
+  cuda::synchronize();
+  return table;
+}
+
+Seq make_seq(Pool& pool, std::mt19937& rng, int64_t n_past, int64_t n_new, bool tree,
+             bool blind_first_row) {
+  Seq s;
+  s.n_past = n_past;
+  s.n_new = n_new;
+  const int64_t slots = n_past + n_new;
+  const int64_t row = static_cast<int64_t>(pool.n_kv) * pool.hd;
+  std::vector<float> k = random_floats(rng, slots * row, -1.0f, 1.0f);
+  std::vector<float> v = random_floats(rng, slots * row, -1.0f, 1.0f);
+  s.table = write_slots(pool, k, v, slots);
+  for (float& x : k) x = stored(pool.type, x);
+  for (float& x : v) x = stored(pool.type, x);
+  s.k = std::move(k);
+  s.v = std::move(v);
+  if (tree) {  // a random tree (parent before child): i sees itself and its ancestors
+    s.mask.assign(static_cast<size_t>(n_new * n_new), 0);
+    std::vector<int64_t> parent(static_cast<size_t>(n_new), -1);
+    for (int64_t i = 0; i < n_new; ++i) {
+      if (i > 0) parent[i] = std::uniform_int_distribution<int64_t>(-1, i - 1)(rng);
+      for (int64_t a = i; a >= 0; a = parent[a]) s.mask[i * n_new + a] = 1;
+    }
+    if (blind_first_row) s.mask[0] = 0;  // row 0 sees only the past (nothing if n_past = 0)
+  }
+  return s;
+}
+
+// The CPU's attention over the sequence's float cache: [n_new, n_heads, hd].
+std::vector<float> cpu_attention(const Seq& s, int n_heads, int n_kv, int hd, float scale,
+                                 const std::vector<float>& q) {
+  AttentionShape shape;
+  shape.n_past = s.n_past;
+  shape.n_new = s.n_new;
+  shape.n_heads = n_heads;
+  shape.n_kv_heads = n_kv;
+  shape.head_dim = hd;
+  shape.scale = scale;
+  std::vector<float> out(static_cast<size_t>(s.n_new * n_heads * hd));
+  attention(shape, q.data(), s.k.data(), s.v.data(), s.mask.empty() ? nullptr : s.mask.data(),
+            out.data(), nullptr);
+  return out;
+}
+
+// Runs paged_attention over sequences (rows in order), q: [rows, n_heads, hd].
+std::vector<float> gpu_attention(const Pool& pool, const std::vector<const Seq*>& seqs, int n_heads,
+                                 float scale, const std::vector<float>& q) {
+  std::vector<cuda::DeviceAttnSeq> ds;
+  std::vector<int32_t> tables;
+  std::vector<uint8_t> masks;
+  int64_t rows = 0, max_visible = 0;
+  for (const Seq* s : seqs) {
+    cuda::DeviceAttnSeq d;
+    d.row0 = rows;
+    d.n_new = s->n_new;
+    d.n_past = s->n_past;
+    d.table = static_cast<int64_t>(tables.size());
+    tables.insert(tables.end(), s->table.begin(), s->table.end());
+    if (!s->mask.empty()) {
+      d.mask = static_cast<int64_t>(masks.size());
+      masks.insert(masks.end(), s->mask.begin(), s->mask.end());
+    }
+    ds.push_back(d);
+    rows += s->n_new;
+    max_visible = std::max(max_visible, s->n_past + s->n_new);
+  }
+  masks.push_back(0);  // never empty
+  const int64_t row_floats = static_cast<int64_t>(n_heads) * pool.hd;
+  EXPECT_EQ(static_cast<int64_t>(q.size()), rows * row_floats);
+  cuda::DeviceBuffer d_seqs = to_device(ds), d_tables = to_device(tables),
+                     d_masks = to_device(masks), d_q = to_device(q);
+  cuda::DeviceBuffer d_out(static_cast<size_t>(rows * row_floats) * 4);
+  cuda::paged_attention(pool.layer(), d_q.as<float>(), rows, n_heads, scale,
+                        d_seqs.as<cuda::DeviceAttnSeq>(), static_cast<int64_t>(ds.size()),
+                        d_tables.as<int32_t>(), d_masks.as<uint8_t>(), max_visible,
+                        d_out.as<float>());
+  return from_device<float>(d_out.data(), static_cast<size_t>(rows * row_floats));
+}
+
+struct AttnCase {
+  int n_heads, n_kv, hd;
+};
+
+TEST(CudaOps, PagedAttentionMatchesCpuAndIsBatchInvariant) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (const AttnCase c : {AttnCase{9, 3, 64}, AttnCase{4, 1, 128}, AttnCase{8, 4, 8}}) {
+    for (KvType type : {KvType::kF16, KvType::kF32}) {
+      SCOPED_TRACE(std::string(kv_type_name(type)) + " heads " + std::to_string(c.n_heads) + "/" +
+                   std::to_string(c.n_kv) + " head_dim " + std::to_string(c.hd));
+      std::mt19937 rng(static_cast<uint32_t>(c.hd * 31 + c.n_heads));
+      Pool pool = make_pool(type, c.n_kv, c.hd, 16, 160, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+      // Sequences: causal decode and verification, tree verification, prefill from nothing, a
+      // tree whose first row sees nothing.
+      std::vector<Seq> seqs;
+      seqs.push_back(make_seq(pool, rng, 37, 5, false, false));
+      seqs.push_back(make_seq(pool, rng, 700, 7, true, false));
+      seqs.push_back(make_seq(pool, rng, 0, 1, false, false));
+      seqs.push_back(make_seq(pool, rng, 0, 33, false, false));
+      seqs.push_back(make_seq(pool, rng, 0, 4, true, true));
+      seqs.push_back(make_seq(pool, rng, 700, 1, false, false));
+      const int64_t row_floats = static_cast<int64_t>(c.n_heads) * c.hd;
+      std::vector<std::vector<float>> qs;
+      std::vector<float> q_all;
+      std::vector<const Seq*> ptrs;
+      for (const Seq& s : seqs) {
+        qs.push_back(random_floats(rng, s.n_new * row_floats, -1.0f, 1.0f));
+        q_all.insert(q_all.end(), qs.back().begin(), qs.back().end());
+        ptrs.push_back(&s);
+      }
+      const std::vector<float> batched = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      int64_t row0 = 0;
+      for (size_t si = 0; si < seqs.size(); ++si) {
+        const Seq& s = seqs[si];
+        SCOPED_TRACE("sequence " + std::to_string(si) + " n_past " + std::to_string(s.n_past) +
+                     " n_new " + std::to_string(s.n_new));
+        const std::vector<float> ref = cpu_attention(s, c.n_heads, c.n_kv, c.hd, scale, qs[si]);
+        const float* got = batched.data() + row0 * row_floats;
+        for (int64_t e = 0; e < s.n_new * row_floats; ++e) {
+          ASSERT_LE(std::fabs(got[e] - ref[e]), 1e-4f)
+              << "row " << e / row_floats << " elem " << e % row_floats << " gpu " << got[e]
+              << " cpu " << ref[e];
+        }
+        if (!s.mask.empty() && s.mask[0] == 0 && s.n_past == 0) {
+          for (int64_t e = 0; e < row_floats; ++e) ASSERT_EQ(got[e], 0.0f) << "blind row";
+        }
+        // The sequence alone: the same bits.
+        const std::vector<float> alone = gpu_attention(pool, {&s}, c.n_heads, scale, qs[si]);
+        ASSERT_EQ(first_bit_difference(alone.data(), got, s.n_new * row_floats), -1)
+            << "alone vs batched";
+        // Each row as a decode over exactly its visible slots (compacted for a tree mask).
+        for (int64_t i = 0; i < s.n_new; ++i) {
+          Seq d;
+          const int64_t row = static_cast<int64_t>(c.n_kv) * c.hd;
+          std::vector<int64_t> visible;
+          for (int64_t slot = 0; slot < s.n_past + s.n_new; ++slot) {
+            const int64_t j = slot - s.n_past;
+            if (slot < s.n_past || (s.mask.empty() ? j <= i : s.mask[i * s.n_new + j] != 0)) {
+              visible.push_back(slot);
+            }
+          }
+          if (visible.empty()) continue;  // the blind row: zeros, checked above
+          if (s.mask.empty()) {  // the same blocks, n_past + i cached slots
+            d.n_past = s.n_past + i;
+            d.n_new = 1;
+            d.table = s.table;
+          } else {  // the visible slots' values, contiguous in fresh blocks
+            std::vector<float> k, v;
+            for (int64_t slot : visible) {
+              k.insert(k.end(), s.k.begin() + slot * row, s.k.begin() + (slot + 1) * row);
+              v.insert(v.end(), s.v.begin() + slot * row, s.v.begin() + (slot + 1) * row);
+            }
+            const int64_t nv = static_cast<int64_t>(visible.size());
+            d.table = write_slots(pool, k, v, nv);  // values already rounded: stored exactly
+            d.n_past = nv - 1;
+            d.n_new = 1;
+          }
+          const std::vector<float> qi(qs[si].begin() + i * row_floats,
+                                      qs[si].begin() + (i + 1) * row_floats);
+          const std::vector<float> dec = gpu_attention(pool, {&d}, c.n_heads, scale, qi);
+          ASSERT_EQ(first_bit_difference(dec.data(), got + i * row_floats, row_floats), -1)
+              << "row " << i << ": decode over its visible slots differs";
+          if (!s.mask.empty()) {  // give the blocks back
+            pool.free_blocks.insert(pool.free_blocks.begin(), d.table.begin(), d.table.end());
+          }
+        }
+        row0 += s.n_new;
+      }
+    }
+  }
+}
+
+// ---- device ----------------------------------------------------------------------------------
+
+TEST(CudaOps, DeviceInfoAndBandwidth) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  const cuda::DeviceInfo info = cuda::device_info();
+  EXPECT_FALSE(info.name.empty());
+  EXPECT_GT(info.sm_count, 0);
+  EXPECT_GT(info.total_bytes, 0);
+  const double gbs = cuda::measure_bandwidth_gbs(int64_t{256} << 20);
+  EXPECT_GT(gbs, 10.0);
+  std::printf("%s cc %d.%d, %d SMs, %.1f GiB, copy bandwidth %.0f GB/s\n", info.name.c_str(),
+              info.cc_major, info.cc_minor, info.sm_count,
+              static_cast<double>(info.total_bytes) / (1 << 30), gbs);
+  // A failed allocation throws (naming the size).
+  try {
+    cuda::DeviceBuffer huge(size_t{1} << 50);
+    FAIL() << "a 1 PiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1125899906842624"), std::string::npos) << e.what();
+  }
+  // The stream still works after it.
+  cuda::DeviceBuffer b(64);
+  cuda::zero(b.data(), 64);
+  const std::vector<uint8_t> z = from_device<uint8_t>(b.data(), 64);
+  for (uint8_t x : z) EXPECT_EQ(x, 0);
+}
+
+}  // namespace
+}  // namespace specdec
