@@ -19,6 +19,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
                   "Tokens per engine step (prompt chunks + decode + draft tokens)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--max-prefill-tokens-decoding", o->max_prefill_tokens_decoding,
+                  "Prompt tokens per step while other requests decode (bounds their inter-token "
+                  "latency); 0: from the cost model (a step costs at most 2.5x its decodes), -1: "
+                  "only --max-batch-tokens")
+      ->check(CLI::Range(-1, 1 << 20))->capture_default_str();
   cmd->add_option("--max-seqs", o->max_seqs, "Requests running at once at most")
       ->check(CLI::Range(1, 1 << 16))->capture_default_str();
   cmd->add_option("--calibration", o->calibration,
@@ -37,6 +42,7 @@ EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_ty
   c.prefix_cache = !o.no_prefix_cache;
   c.max_batch_tokens = o.max_batch_tokens;
   c.max_seqs = o.max_seqs;
+  c.max_prefill_tokens_decoding = o.max_prefill_tokens_decoding;
   c.max_context = max_context;
   c.kv_type = kv_type;
   c.draft_model = draft_model;

@@ -21,6 +21,7 @@ struct EngineOptions {
   int block_size = 16;
   bool no_prefix_cache = false;
   int max_batch_tokens = 512;
+  int max_prefill_tokens_decoding = 0;  // 0: from the cost model, -1: no limit
   int max_seqs = 64;
   std::string calibration;  // cost-model constants (bench --calibrate); "": the default file
 };

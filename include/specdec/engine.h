@@ -126,6 +126,11 @@ struct EngineConfig {
   // 1 + verify_token_cost * (n - 1) passes of one token); from a calibration file, never a
   // clock. 0.08 is what `specdec bench` measures on the 2-vCPU test machine (8 tokens ~1.6x).
   double verify_token_cost = 0.08;
+  // Prompt tokens a step may compute while other requests are decoding (chunked prefill that
+  // keeps decoders flowing: a step's cost bounds every running request's inter-token latency).
+  // 0: from the cost model, as many as keep the step within kDecodeStepSlack times the cost of
+  // its decodes alone (at least kMinPrefillChunk); -1: no limit but max_batch_tokens; > 0: this.
+  int max_prefill_tokens_decoding = 0;
 };
 
 // Counters of the whole engine (cumulative unless noted).

@@ -167,6 +167,13 @@ Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
   SchedulerLimits limits;
   limits.max_batch_tokens = config.max_batch_tokens;
   limits.max_seqs = config.max_seqs;
+  limits.max_prefill_tokens_decoding = config.max_prefill_tokens_decoding;
+  limits.token_cost = config.verify_token_cost;
+  if (model.weight_bytes() > 0) {
+    limits.slot_cost = static_cast<double>(storage_->block_bytes()) /
+                       static_cast<double>(config.block_size) /
+                       static_cast<double>(model.weight_bytes());
+  }
   scheduler_ = std::make_unique<Scheduler>(limits, kv_.get());
   const int64_t model_ctx = c.n_ctx_train > 0 ? c.n_ctx_train : 4096;
   max_context_ = config.max_context > 0 ? config.max_context : model_ctx;

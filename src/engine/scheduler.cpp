@@ -66,6 +66,20 @@ bool Scheduler::reserve_or_preempt(Sequence* seq, int64_t n, std::vector<Schedul
   return true;
 }
 
+int64_t prefill_tokens_while_decoding(const SchedulerLimits& limits, int64_t decodes,
+                                      int64_t context) {
+  if (limits.max_prefill_tokens_decoding > 0) return limits.max_prefill_tokens_decoding;
+  if (limits.max_prefill_tokens_decoding < 0 || decodes <= 0 || limits.token_cost <= 0) {
+    return limits.max_batch_tokens;
+  }
+  // alone + c T <= slack * alone
+  const double c = limits.token_cost;
+  const double alone = 1.0 + c * static_cast<double>(decodes - 1) +
+                       limits.slot_cost * static_cast<double>(context);
+  const auto t = static_cast<int64_t>((kDecodeStepSlack - 1.0) * alone / c);
+  return std::clamp<int64_t>(t, kMinPrefillChunk, limits.max_batch_tokens);
+}
+
 std::vector<ScheduledSeq> Scheduler::schedule(int64_t* budget_left) {
   std::vector<ScheduledSeq> plan;
   int64_t budget = limits_.max_batch_tokens;
@@ -79,26 +93,33 @@ std::vector<ScheduledSeq> Scheduler::schedule(int64_t* budget_left) {
       budget -= 1;
     }
   }
+  // Prompt tokens this step may add (fewer while decoders wait on the step).
+  const auto decodes = static_cast<int64_t>(plan.size());
+  int64_t context = 0;
+  for (const ScheduledSeq& p : plan) context += p.seq->n_computed;
+  int64_t prefill =
+      decodes > 0 ? prefill_tokens_while_decoding(limits_, decodes, context) : budget;
   // 2. Chunks of running prompts (and recomputes).
   for (Sequence* s : snapshot) {
-    if (budget < 1) break;
+    if (budget < 1 || prefill < 1) break;
     if (!s->admitted || s->decoding()) continue;
-    const int64_t n = std::min(base_tokens(s), budget);
+    const int64_t n = std::min({base_tokens(s), budget, prefill});
     if (reserve_or_preempt(s, n, &plan, &budget)) {
       plan.push_back({s, n});
       budget -= n;
+      prefill -= n;
     }
   }
   // 3. Admission, first come first served, while blocks stay for the running sequences' next
   // tokens (one block each), so that admitting does not immediately force a preemption.
-  while (!waiting_.empty() && budget >= 1 &&
+  while (!waiting_.empty() && budget >= 1 && prefill >= 1 &&
          static_cast<int64_t>(running_.size()) < limits_.max_seqs) {
     Sequence* s = waiting_.front();
     // The last token is always computed (its logits give the next token).
     const int64_t cached =
         kv_->admit(s->tokens, static_cast<int64_t>(s->tokens.size()) - 1, &s->table);
     s->n_computed = cached;
-    const int64_t n = std::min(base_tokens(s), budget);
+    const int64_t n = std::min({base_tokens(s), budget, prefill});
     const int32_t need =
         kv_->blocks_for(s->n_computed + n) - static_cast<int32_t>(s->table.blocks.size());
     const auto headroom = static_cast<int32_t>(running_.size());
@@ -118,6 +139,7 @@ std::vector<ScheduledSeq> Scheduler::schedule(int64_t* budget_left) {
     running_.insert(std::upper_bound(running_.begin(), running_.end(), s, by_arrival), s);
     plan.push_back({s, n});
     budget -= n;
+    prefill -= n;
   }
   *budget_left = budget;
   return plan;

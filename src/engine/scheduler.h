@@ -3,7 +3,9 @@
 // scheduler. Each step it plans {sequence: tokens} (DESIGN §7: a plan, not modes):
 //   1. every running decode gets its one token (decodes never stall behind prompts);
 //   2. running prompts (or recomputes) get chunks of what is left of the token budget, in
-//      arrival order (chunked prefill);
+//      arrival order (chunked prefill) - while anything decodes, at most
+//      prefill_tokens_while_decoding() prompt tokens in all, so that a long prompt arriving
+//      stretches no decoder's inter-token latency by more than a bounded factor;
 //   3. waiting requests are admitted first come first served while the sequence cap, the budget
 //      and the free blocks allow (a new request first takes its longest cached prefix);
 // a sequence whose blocks cannot be reserved preempts the most recently arrived running one
@@ -25,7 +27,23 @@ namespace specdec {
 struct SchedulerLimits {
   int max_batch_tokens = 512;
   int max_seqs = 64;
+  // Prompt tokens per step while some sequence decodes (EngineConfig's field of the same name:
+  // 0 from the cost model below, -1 unlimited, > 0 fixed).
+  int max_prefill_tokens_decoding = 0;
+  double token_cost = 0.08;  // the cost model's c: a pass over n tokens costs 1 + c (n - 1)
+  // What reading one cached token's K/V costs, in one-token passes (KV bytes of a slot over the
+  // weight bytes a pass streams: decode is memory-bound).
+  double slot_cost = 0;
 };
+
+// The automatic limit: a step with `decodes` decode tokens over `context` cached slots in all
+// may add this many prompt tokens and still cost at most kDecodeStepSlack times its decodes
+// alone (1 + c (decodes - 1) + slot_cost * context passes); never fewer than kMinPrefillChunk,
+// so that prompts always progress.
+constexpr double kDecodeStepSlack = 2.5;
+constexpr int64_t kMinPrefillChunk = 16;
+int64_t prefill_tokens_while_decoding(const SchedulerLimits& limits, int64_t decodes,
+                                      int64_t context);
 
 struct ScheduledSeq {
   Sequence* seq = nullptr;

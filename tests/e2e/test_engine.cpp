@@ -215,6 +215,59 @@ TEST_F(EngineTest, PrefixReuseComputesOnlyTheSuffix) {
   }
 }
 
+// Chunked prefill that keeps decoders flowing: while a request decodes, a long prompt arriving
+// is computed at most max_prefill_tokens_decoding tokens a step (the decoder gets its token
+// every step), in one big chunk when nothing decodes; outputs equal the solo runs either way.
+TEST_F(EngineTest, PrefillWhileDecodingIsChunkedToTheLimit) {
+  for (int limit : {24, -1}) {
+    EngineConfig config;
+    config.max_batch_tokens = 512;
+    config.max_prefill_tokens_decoding = limit;
+    Engine engine(*model_, tok_, pool_, config);
+    std::vector<int32_t> out_a, out_b;
+    Request ra = make_request(prompt(20, 1), 40);
+    ra.on_output = [&](const RequestOutput& o) {
+      out_a.insert(out_a.end(), o.tokens.begin(), o.tokens.end());
+      return true;
+    };
+    ASSERT_TRUE(engine.submit(ra).ok());
+    engine.step();  // a's prompt, alone: one chunk
+    EXPECT_EQ(engine.stats().tokens_computed, 20);
+    Request rb = make_request(prompt(300, 2), 4);
+    rb.on_output = [&](const RequestOutput& o) {
+      out_b.insert(out_b.end(), o.tokens.begin(), o.tokens.end());
+      return true;
+    };
+    ASSERT_TRUE(engine.submit(rb).ok());
+    int64_t max_step = 0;
+    int64_t a_tokens_during_prefill = 0;
+    int64_t steps_with_prefill = 0;
+    while (engine.has_work()) {
+      const int64_t before = engine.stats().tokens_computed;
+      const size_t a_before = out_a.size();
+      const bool b_prefilling = out_b.empty();
+      engine.step();
+      engine.check_invariants();
+      const int64_t step_tokens = engine.stats().tokens_computed - before;
+      if (b_prefilling && step_tokens > 1) {
+        max_step = std::max(max_step, step_tokens);
+        ++steps_with_prefill;
+        a_tokens_during_prefill += static_cast<int64_t>(out_a.size() - a_before);
+      }
+    }
+    if (limit > 0) {
+      EXPECT_EQ(max_step, 1 + limit) << "a decode token plus at most the limit";
+      EXPECT_EQ(steps_with_prefill, (300 + limit - 1) / limit);
+    } else {
+      EXPECT_EQ(max_step, 1 + 300) << "the whole prompt beside the decode";
+      EXPECT_EQ(steps_with_prefill, 1);
+    }
+    EXPECT_EQ(a_tokens_during_prefill, steps_with_prefill) << "a decodes every step";
+    EXPECT_EQ(out_a, solo(make_request(prompt(20, 1), 40)));
+    EXPECT_EQ(out_b, solo(make_request(prompt(300, 2), 4)));
+  }
+}
+
 TEST_F(EngineTest, PoolPressurePreemptsAndEveryRequestGetsItsSoloOutput) {
   // Greedy requests with and without n-gram drafts, sampled ones without: a sampled request's
   // random draws follow its draft lengths, which a full pool or budget may shorten (the output
