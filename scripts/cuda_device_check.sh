@@ -52,9 +52,6 @@ for step in $STEPS; do
         run spec_grounded_cpu "$B/specdec" bench --spec ngram --prompts bench/prompts/grounded.jsonl -n 128 --output-format json
       fi
       ;;
-    shapes)
-      run shapes_q8_0 "$B/bench_cuda_shapes" --graph
-      run shapes_f16 "$B/bench_cuda_shapes" --type F16
-      ;;
+    shapes) run shapes "$B/bench_cuda_shapes" --all --ab ;;
   esac
 done

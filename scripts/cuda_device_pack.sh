@@ -3,11 +3,13 @@
 # has neither our Debian libraries nor the models, and a call carries at most 64 MiB:
 #   .devcarry/payload.tar.gz   the CUDA build's binaries (stripped), the shared libraries they
 #                              load that a CUDA image may lack, ../shared's tiny models and goldens
-#   .devmodel_a/, .devmodel_b/ the default model in two halves (one per call: the machine keeps
-#                              the first half in /root between two calls made back to back)
+#   .devmodel_a/, .devmodel_b/ the default model in two parts (one per call: the machine keeps
+#                              the first in /root between two calls made back to back)
 # Usage: scripts/cuda_device_pack.sh [build dir, default build-cuda]. Then, with the device tool:
-#   run(command="bash scripts/cuda_device_check.sh", carry=[".devcarry", ".devmodel_a"]) and
-#   at once run(..., carry=[".devcarry", ".devmodel_b"]); both folders are git-ignored.
+#   run(command="mkdir -p /root/specdec-dev && cp .devmodel_a/part /root/specdec-dev/model.a",
+#       carry=[".devmodel_a"]) and at once
+#   run(command="bash scripts/cuda_device_check.sh", carry=[".devcarry", ".devmodel_b"]);
+#   the folders are git-ignored.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${1:-$ROOT/build-cuda}"
@@ -32,8 +34,8 @@ rm -rf "$stage"
 model="$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -f "$model" ]; then
   mkdir -p .devmodel_a .devmodel_b
-  head -c 50000000 "$model" > .devmodel_a/part
-  tail -c +50000001 "$model" > .devmodel_b/part
+  head -c 58000000 "$model" > .devmodel_a/part
+  tail -c +58000001 "$model" > .devmodel_b/part
   sha256sum "$model" | awk '{print $1}' > .devcarry/model.sha256
 fi
 du -sh .devcarry .devmodel_a .devmodel_b 2>/dev/null

@@ -10,11 +10,16 @@
 // q's output as its input). Timed with CUDA events on the backend's stream: 2 passes of warm-up,
 // then the median of 10. --graph captures each pass in a CUDA graph and times its replay too.
 //
-// Output, JSON lines: first {"gpu":..., "measured_bw_gbs":...}, then one line per (mode, n):
+// Output, JSON lines: first {"gpu":..., "measured_bw_gbs":...}, then one line per (type, kernel,
+// mode, n):
 //   {"type", "n", "mode" ("stream" / "graph"), "ms", "weight_bytes", "achieved_gbs" (weight
-//    bytes / time), "fraction_of_measured_bw", "cost_vs_n1"}
+//    bytes / time), "fraction_of_measured_bw", "cost_vs_n1", "kernel" ("new" / "legacy")}
+// Each type's weights are freed before the next type's are made.
 //
-//   bench_cuda_shapes [--type Q8_0] [--graph] [--layers 32]
+//   bench_cuda_shapes [--type Q8_0 | --types Q8_0,Q4_1,F16 | --all] [--graph] [--ab] [--legacy]
+//                     [--layers 32]
+//   --all: Q8_0, Q4_1 and F16 with --graph. --ab: each type also with the legacy matmul kernel
+//   (cuda::set_matmul_legacy), --legacy: only with it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -171,40 +176,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string type_name = "Q8_0";
-  bool graph = false;
-  int n_layers = 32;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--type" && i + 1 < argc) {
-      type_name = argv[++i];
-    } else if (a == "--graph") {
-      graph = true;
-    } else if (a == "--layers" && i + 1 < argc) {
-      n_layers = std::max(1, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: bench_cuda_shapes [--type Q8_0|F16|Q4_1|...] [--graph] "
-                           "[--layers 32]\n");
-      return 2;
-    }
-  }
-  if (!cuda::available()) {
-    std::fprintf(stderr, "bench_cuda_shapes: no CUDA device\n");
-    return 1;
-  }
-  const GgmlType type = parse_type(type_name);
-  try {
-    const cuda::DeviceInfo info = cuda::device_info();
-    const double bw = cuda::measure_bandwidth_gbs();
-    std::printf("{\"gpu\": \"%s\", \"cc\": \"%d.%d\", \"sms\": %d, \"total_gib\": %.1f, "
-                "\"measured_bw_gbs\": %.1f}\n",
-                info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count,
-                static_cast<double>(info.total_bytes) / (1 << 30), bw);
-    std::fflush(stdout);
-
+// Builds the model of one type, times it, frees it. legacy: the original matmul kernel
+// (cuda::set_matmul_legacy) - the "kernel" field of the lines says which ran.
+void run_type(GgmlType type, bool graph, int n_layers, bool legacy, double bw) {
+  cuda::set_matmul_legacy(legacy);
+  const char* kernel = legacy ? "legacy" : "new";
+  {
     // Weights.
     const std::vector<uint8_t> host_pattern = random_pattern(type, size_t{64} << 20);
     cuda::DeviceBuffer pattern(host_pattern.size());
@@ -270,9 +247,9 @@ int main(int argc, char** argv) {
       std::printf("{\"type\": \"%s\", \"n\": %lld, \"mode\": \"%s\", \"ms\": %.4f, "
                   "\"weight_bytes\": %lld, \"achieved_gbs\": %.1f, "
                   "\"fraction_of_measured_bw\": %.3f, \"cost_vs_n1\": %.3f, \"layers\": %d, "
-                  "\"attention\": \"omitted\"}\n",
+                  "\"attention\": \"omitted\", \"kernel\": \"%s\"}\n",
                   ggml_type_traits(type).name, static_cast<long long>(n), mode, ms,
-                  static_cast<long long>(weight_bytes), gbs, gbs / bw, ms / ms1, n_layers);
+                  static_cast<long long>(weight_bytes), gbs, gbs / bw, ms / ms1, n_layers, kernel);
       std::fflush(stdout);
     };
 
@@ -309,6 +286,69 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
     cuda::synchronize();
+  }
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t a = 0;
+  while (a <= s.size()) {
+    const size_t b = std::min(s.find(',', a), s.size());
+    if (b > a) out.push_back(s.substr(a, b - a));
+    a = b + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> type_names = {"Q8_0"};
+  bool graph = false;
+  bool ab = false;
+  bool legacy_only = false;
+  int n_layers = 32;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--type" || a == "--types") && i + 1 < argc) {
+      type_names = split(argv[++i]);
+    } else if (a == "--all") {
+      type_names = {"Q8_0", "Q4_1", "F16"};
+      graph = true;
+    } else if (a == "--graph") {
+      graph = true;
+    } else if (a == "--ab") {
+      ab = true;
+    } else if (a == "--legacy") {
+      legacy_only = true;
+    } else if (a == "--layers" && i + 1 < argc) {
+      n_layers = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_cuda_shapes [--type Q8_0|F16|Q4_1|...] [--types Q8_0,Q4_1,F16] "
+                   "[--all (= --types Q8_0,Q4_1,F16 --graph)] [--graph] [--ab (also the legacy "
+                   "kernel)] [--legacy (only the legacy kernel)] [--layers 32]\n");
+      return 2;
+    }
+  }
+  if (!cuda::available()) {
+    std::fprintf(stderr, "bench_cuda_shapes: no CUDA device\n");
+    return 1;
+  }
+  std::vector<GgmlType> types;
+  for (const std::string& t : type_names) types.push_back(parse_type(t));
+  try {
+    const cuda::DeviceInfo info = cuda::device_info();
+    const double bw = cuda::measure_bandwidth_gbs();
+    std::printf("{\"gpu\": \"%s\", \"cc\": \"%d.%d\", \"sms\": %d, \"total_gib\": %.1f, "
+                "\"measured_bw_gbs\": %.1f}\n",
+                info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count,
+                static_cast<double>(info.total_bytes) / (1 << 30), bw);
+    std::fflush(stdout);
+    for (GgmlType type : types) {
+      if (!legacy_only) run_type(type, graph, n_layers, false, bw);
+      if (ab || legacy_only) run_type(type, graph, n_layers, true, bw);
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_cuda_shapes: %s\n", e.what());
     return 1;

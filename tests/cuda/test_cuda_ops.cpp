@@ -2,10 +2,12 @@
 // invariance. Every test skips itself where no CUDA device answers.
 //
 //  * get_rows: every weight type, bitwise the CPU's dequantize_row (the same float arithmetic).
-//  * matmul: every weight type, shapes with rows not a multiple of the 8-row tiling, partial
-//    1024-column chunks, partial 32-element units (float types, cols 172 / 100), n = 1, 3, 8, 16,
-//    33: within a bound relative to sum |w x| of a double reference over the CPU-dequantized
-//    weights; and BATCH INVARIANCE: each token row of the n = 3, 8, 16, 33 calls is bitwise the
+//  * matmul: every weight type, shapes with rows not a multiple of the 8-row tiling (37, 70 rows),
+//    partial 1024-column chunks, partial 32-element units (float types, cols 172 / 100), n = 1,
+//    3, 8, 16, 33: within a bound relative to sum |w x| of a double reference over the
+//    CPU-dequantized weights; for the types that quantize x (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) tightly
+//    against a double reference over x quantized by the CPU's quantize_activations_ref, and
+//    loosely (within the quantization error) against float x; and BATCH INVARIANCE: each token row of the n = 3, 8, 16, 33 calls is bitwise the
 //    n = 1 call on that token.
 //  * rmsnorm (also in place), add, swiglu, swiglu_rows, rope (both styles, partial rope_dim,
 //    several bases / scales) against the CPU ops.
@@ -31,6 +33,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_blocks.h"
+#include "backend/cpu/quant_kernels.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/ggml_type.h"
 #include "util/check.h"
@@ -213,12 +216,52 @@ TEST(CudaOps, GetRowsBitwiseEveryType) {
 
 // ---- matmul -----------------------------------------------------------------------------------
 
+// The types whose matmul quantizes x (int8 blocks of 32, as the CPU's quantized path).
+bool quantizes_activations(GgmlType type) {
+  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ||
+         type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
+}
+
+// Reference of one (token, row) over the activations quantized by the CPU's
+// quantize_activations_ref (qx, dx of that token): sum over blocks of
+//   dw * dx * sum_j (q_w[j] - offset) * q_x[j]  +  mw * dx * S32   in double; *mag: the sum of the
+// magnitudes of the terms; *qerr: a bound of |that - the float-x product|, from |x - dx q_x| <=
+// dx / 2.
+double quantized_reference(const HostWeights& w, int64_t r, const int8_t* qx, const float* dx,
+                           double* mag, double* qerr) {
+  const QuantLayout layout = quant_layout(w.type);
+  const uint8_t* row = w.data.data() + r * w.row_bytes;
+  uint8_t q[32];
+  double sum = 0.0;
+  *mag = 0.0;
+  *qerr = 0.0;
+  for (int64_t b = 0; b < w.cols / 32; ++b) {
+    float dw = 0.0f, mw = 0.0f;
+    decode_sub_block(w.type, row, b, q, &dw, &mw);
+    int64_t isum = 0, s32 = 0, wsum = 0;
+    for (int j = 0; j < 32; ++j) {
+      isum += (static_cast<int64_t>(q[j]) - layout.offset) * qx[b * 32 + j];
+      s32 += qx[b * 32 + j];
+      wsum += std::abs(static_cast<int64_t>(q[j]) - layout.offset);
+    }
+    const double t = static_cast<double>(dw) * dx[b] * static_cast<double>(isum);
+    const double m = static_cast<double>(mw) * dx[b] * static_cast<double>(s32);
+    sum += t + m;
+    *mag += std::fabs(t) + std::fabs(m);
+    // |w_j| <= |dw| |q_j - offset| + |mw|
+    *qerr += (std::fabs(static_cast<double>(dw)) * static_cast<double>(wsum) +
+              32.0 * std::fabs(static_cast<double>(mw))) * 0.5 * dx[b];
+  }
+  return sum;
+}
+
 TEST(CudaOps, MatmulEveryTypeAgainstReference) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
   const int64_t kNs[] = {1, 3, 8, 16, 33};
   for (GgmlType type : kAllTypes) {
+    const bool quantized_x = quantizes_activations(type);
     for (int64_t cols : cols_for(type)) {
-      for (int64_t rows : {int64_t{37}, int64_t{8}}) {
+      for (int64_t rows : {int64_t{37}, int64_t{8}, int64_t{70}}) {
         SCOPED_TRACE(std::string(type_name(type)) + " rows " + std::to_string(rows) + " cols " +
                      std::to_string(cols));
         const HostWeights w = make_weights(type, rows, cols, 77 + static_cast<uint32_t>(cols + rows));
@@ -228,6 +271,17 @@ TEST(CudaOps, MatmulEveryTypeAgainstReference) {
         const int64_t n_max = 33;
         std::vector<float> x = random_floats(rng, n_max * cols, -1.0f, 1.0f);
         for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>(2 * cols + k)] *= 1e-3f;  // small row
+        for (int64_t k = 0; k < 32; ++k) x[static_cast<size_t>(4 * cols + k)] = 0.0f;  // zero block
+        // The CPU's activation quantization of every token.
+        std::vector<int8_t> xq(static_cast<size_t>(n_max * cols));
+        std::vector<float> xd(static_cast<size_t>(n_max * cols / 32));
+        std::vector<int32_t> xs(static_cast<size_t>(n_max * cols / 16));
+        if (quantized_x) {
+          for (int64_t t = 0; t < n_max; ++t) {
+            detail::quantize_activations_ref(x.data() + t * cols, cols, xq.data() + t * cols,
+                                             xd.data() + t * (cols / 32), xs.data() + t * (cols / 16));
+          }
+        }
         cuda::DeviceBuffer d_x = to_device(x);
         cuda::DeviceBuffer d_y(static_cast<size_t>(n_max * rows) * 4);
         for (int64_t n : kNs) {
@@ -243,9 +297,24 @@ TEST(CudaOps, MatmulEveryTypeAgainstReference) {
                 mag += std::fabs(p);
               }
               const double got = y[t * rows + r];
-              ASSERT_LE(std::fabs(got - ref), 1e-5 * mag + 1e-6)
-                  << "n " << n << " token " << t << " row " << r << ": gpu " << got << " ref "
-                  << ref;
+              if (!quantized_x) {
+                ASSERT_LE(std::fabs(got - ref), 1e-5 * mag + 1e-6)
+                    << "n " << n << " token " << t << " row " << r << ": gpu " << got << " ref "
+                    << ref;
+                continue;
+              }
+              // Tight: against the product over the CPU-quantized x. Loose: against float x,
+              // within the quantization error.
+              double qmag = 0.0, qerr = 0.0;
+              const double qref = quantized_reference(w, r, xq.data() + t * cols,
+                                                      xd.data() + t * (cols / 32), &qmag,
+                                                      &qerr);
+              ASSERT_LE(std::fabs(got - qref), 2e-6 * qmag + 1e-7)
+                  << "n " << n << " token " << t << " row " << r << ": gpu " << got
+                  << " quantized-x ref " << qref;
+              ASSERT_LE(std::fabs(got - ref), 1.001 * qerr + 1e-5 * mag + 1e-6)
+                  << "n " << n << " token " << t << " row " << r << ": gpu " << got
+                  << " float-x ref " << ref;
             }
           }
         }

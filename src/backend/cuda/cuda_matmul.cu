@@ -20,7 +20,9 @@
 // token's result is bitwise the same whatever the batch.
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -28,7 +30,23 @@
 #include "backend/cuda/cuda_ops.h"
 
 namespace specdec::cuda {
+namespace detail {
+// The int8 tensor-core path of the 32-element-block types (cuda_matmul_q32.cu).
+bool q32_matmul_supported(GgmlType type);
+void q32_matmul(const DeviceMatrix& w, const float* x, int64_t n, float* y);
+}  // namespace detail
+
 namespace {
+
+// The legacy kernel (float dequantization for every type) instead of the fast paths: for A/B
+// comparisons. Starts from the environment (SPECDEC_CUDA_MATMUL=legacy).
+std::atomic<bool>& legacy_flag() {
+  static std::atomic<bool> f{[] {
+    const char* e = std::getenv("SPECDEC_CUDA_MATMUL");
+    return e != nullptr && std::strcmp(e, "legacy") == 0;
+  }()};
+  return f;
+}
 
 // #pragma unroll in the __host__ __device__ code below, for the device pass only (the host
 // compiler would warn about an unknown pragma).
@@ -573,10 +591,19 @@ bool matmul_supported(GgmlType type) {
   }
 }
 
+void set_matmul_legacy(bool legacy) {
+  legacy_flag().store(legacy);
+}
+bool matmul_legacy() {
+  return legacy_flag().load();
+}
+
 void matmul(const DeviceMatrix& w, const float* x, int64_t n, float* y) {
   if (n < 0) throw Error("cuda::matmul: negative n");
   if (n == 0 || w.rows == 0) return;
   const bool vec = check_matrix(w, "matmul");
+  const bool legacy = legacy_flag().load(std::memory_order_relaxed);
+  if (!legacy && detail::q32_matmul_supported(w.type)) return detail::q32_matmul(w, x, n, y);
   switch (w.type) {
     case GgmlType::kF32:
       return vec ? matmul_typed<GgmlType::kF32, true>(w, x, n, y)

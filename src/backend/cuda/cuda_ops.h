@@ -99,7 +99,15 @@ struct DeviceMatrix {
 bool matmul_supported(GgmlType type);
 
 // y[n, rows] = x[n, cols] · Wᵀ  (dequantized in the kernel; n >= 0, any size).
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: x is quantized per token as the CPU's quantized path does (int8
+// blocks of 32, d = amax / 127) and multiplied on int8 tensor cores; the float types and the
+// K-quants multiply float x by the dequantized weights.
 void matmul(const DeviceMatrix& w, const float* x, int64_t n, float* y);
+// A/B switch: true = the original float-dequantizing kernel for every type (default false, or
+// true when the environment has SPECDEC_CUDA_MATMUL=legacy). Not for use while work is queued
+// that depends on the choice.
+void set_matmul_legacy(bool legacy);
+bool matmul_legacy();
 
 // out[i, :] = dequantized row ids[i] of `table` [rows, cols]: the embedding lookup.
 //   ids: [n] int32 on the device (each in [0, rows)); out: [n, cols].
