@@ -48,10 +48,14 @@ for step in $STEPS; do
       if [ -f "$model" ]; then
         run gen_smol "$B/specdec" generate --device cuda --chat --spec ngram -n 128 -p "Repeat the following text exactly, word for word: The river runs through the middle of the old town. Every morning, fishermen set out in small wooden boats, and by noon the market near the bridge is full of fresh fish, bread and vegetables."
         run bench_smol "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
+        SPECDEC_CUDA_GRAPHS=0 run bench_smol_nographs "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
         run spec_grounded "$B/specdec" bench --device cuda --spec ngram --prompts bench/prompts/grounded.jsonl -n 128 --output-format json
         run spec_grounded_cpu "$B/specdec" bench --spec ngram --prompts bench/prompts/grounded.jsonl -n 128 --output-format json
       fi
       ;;
-    shapes) run shapes "$B/bench_cuda_shapes" --all --ab ;;
+    shapes)
+      run shapes "$B/bench_cuda_shapes" --all --ab
+      SPECDEC_CUDA_GEMV_MAX_N=16 run shapes_gemv16 "$B/bench_cuda_shapes" --types Q8_0,Q4_1 --graph
+      ;;
   esac
 done

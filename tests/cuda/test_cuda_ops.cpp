@@ -360,6 +360,80 @@ TEST(CudaOps, MatmulBatchInvariantEveryType) {
   }
 }
 
+}  // namespace
+namespace cuda::detail {
+// cuda_matmul_q32.cu: the largest n that takes the GEMV kernel (0: every n takes the mma kernel);
+// returns the previous value.
+int64_t q32_set_gemv_max_n(int64_t n);
+}  // namespace cuda::detail
+namespace {
+
+// The two kernels of the types that quantize x - the GEMV (small n) and the int8 mma kernel -
+// give every token bitwise the same result: each token alone (n = 1, GEMV) against batches
+// through either kernel, at every GEMV tile width (1, 2, 4, 8, 16 tokens), rows that leave
+// partial row groups, cols with a partial last step of 16 blocks (576 = 18 blocks, 1056) and
+// long rows (14336).
+TEST(CudaOps, MatmulGemvAndMmaBitwiseEqual) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  const GgmlType kFast[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                            GgmlType::kQ5_1};
+  const int64_t kRows[] = {37, 70, 4096};
+  const int64_t kCols[] = {576, 1056, 1536, 4096, 14336};
+  struct Restore {  // the default dispatch again, also when an assertion returns early
+    int64_t saved = cuda::detail::q32_set_gemv_max_n(8);
+    ~Restore() { cuda::detail::q32_set_gemv_max_n(saved); }
+  } restore;
+  for (GgmlType type : kFast) {
+    for (int64_t rows : kRows) {
+      for (int64_t cols : kCols) {
+        SCOPED_TRACE(std::string(type_name(type)) + " rows " + std::to_string(rows) + " cols " +
+                     std::to_string(cols));
+        const HostWeights w =
+            make_weights(type, rows, cols, 11 + static_cast<uint32_t>(rows * 7 + cols));
+        DeviceWeights dw = upload_weights(w);
+        std::mt19937 rng(static_cast<uint32_t>(rows + cols));
+        const int64_t n_max = 33;
+        std::vector<float> x = random_floats(rng, n_max * cols, -2.0f, 2.0f);
+        for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>(3 * cols + k)] *= 1e-4f;
+        for (int64_t k = 0; k < 64; ++k) x[static_cast<size_t>(6 * cols + k)] = 0.0f;  // zero blocks
+        cuda::DeviceBuffer d_x = to_device(x);
+        cuda::DeviceBuffer d_one(static_cast<size_t>(n_max * rows) * 4);
+        cuda::detail::q32_set_gemv_max_n(8);
+        for (int64_t t = 0; t < n_max; ++t) {  // GEMV, one token
+          cuda::matmul(dw.m, d_x.as<float>() + t * cols, 1, d_one.as<float>() + t * rows);
+        }
+        const std::vector<float> one =
+            from_device<float>(d_one.data(), static_cast<size_t>(n_max * rows));
+        cuda::DeviceBuffer d_y(static_cast<size_t>(n_max * rows) * 4);
+        // max_n 0: every n on the mma kernel (n = 1 included); 8: the default; 16: the GEMV's
+        // 16-token tiles.
+        for (int64_t max_n : {int64_t{0}, int64_t{8}, int64_t{16}}) {
+          cuda::detail::q32_set_gemv_max_n(max_n);
+          for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8},
+                            int64_t{12}, int64_t{16}, int64_t{33}}) {
+            if (n == 1 && max_n != 0) continue;
+            cuda::zero(d_y.data(), d_y.bytes());
+            cuda::matmul(dw.m, d_x.as<float>(), n, d_y.as<float>());
+            const std::vector<float> y =
+                from_device<float>(d_y.data(), static_cast<size_t>(n * rows));
+            const int64_t diff = first_bit_difference(y.data(), one.data(), n * rows);
+            ASSERT_EQ(diff, -1) << "gemv max n " << max_n << ", n " << n << ": token "
+                                << diff / rows << " row " << diff % rows << " batched "
+                                << y[diff] << " alone " << one[diff];
+          }
+        }
+        // A batch that starts at another token.
+        cuda::detail::q32_set_gemv_max_n(16);
+        cuda::zero(d_y.data(), d_y.bytes());
+        cuda::matmul(dw.m, d_x.as<float>() + 5 * cols, 11, d_y.as<float>());
+        const std::vector<float> y = from_device<float>(d_y.data(), static_cast<size_t>(11 * rows));
+        const int64_t diff = first_bit_difference(y.data(), one.data() + 5 * rows, 11 * rows);
+        ASSERT_EQ(diff, -1) << "offset batch: token " << 5 + diff / rows << " row " << diff % rows;
+      }
+    }
+  }
+}
+
 TEST(CudaOps, MatmulZeroTokensAndSupportedTypes) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
   for (GgmlType type : kAllTypes) EXPECT_TRUE(cuda::matmul_supported(type)) << type_name(type);

@@ -20,14 +20,24 @@
 //    the 16 slice sums are added by a fixed tree ((s0 + s8) + (s4 + s12)) ... (pairs at distance
 //    8, 4, 2, 1).
 //
+// 3. gemv_kernel (n <= 2 by default, SPECDEC_CUDA_GEMV_MAX_N, at most 16): the same arithmetic
+//    per (row, token) as q32_kernel, bit for bit, with dp4a instead of mma - lane s of a half-warp
+//    owns slice s of the half-warp's rows, the 16 slices are added by the same tree (shuffles).
+//    Built for bandwidth at small n: a small grid unit (one warp = 2 rows at n <= 4), a per-warp
+//    cp.async ring, no block-wide barrier.
+// The quantization kernel and the GEMV are programmatic dependent launches (the GEMV fetches its
+// first weights while the kernels before it finish; SPECDEC_CUDA_PDL=0 turns that off).
+//
 // Batch invariance: the integer dot products are exact, and the float operations of (row, token)
 // - its slices, their block order, the tree - depend only on cols, never on n, the tile or G, so
 // a token's result is bitwise the same in any batch.
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -38,6 +48,8 @@ namespace specdec::cuda::detail {
 // Declared (and called) in cuda_matmul.cu.
 bool q32_matmul_supported(GgmlType type);
 void q32_matmul(const DeviceMatrix& w, const float* x, int64_t n, float* y);
+// Declared in tests/cuda/test_cuda_ops.cpp.
+int64_t q32_set_gemv_max_n(int64_t n);
 
 namespace {
 
@@ -47,6 +59,22 @@ constexpr int kXqPitch = 528;    // bytes per token of a step's q in shared memo
                                  // 8 tokens of an mma hit distinct banks)
 constexpr float kMinAmax = 1e-30f;  // detail::kMinActivationAmax of the CPU
 
+// ---- programmatic dependent launch (sm_90) ------------------------------------------------------
+
+// Waits until the grids this one depends on have completed and their writes are visible (a no-op
+// when the kernel was launched normally).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// Lets the grid launched after this one (as a programmatic dependent) start.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // ---- activation quantization ---------------------------------------------------------------
 
 // One warp per (token, block of 32); lane j takes element j.
@@ -54,6 +82,11 @@ __global__ void __launch_bounds__(256)
     quantize_kernel(const float* __restrict__ x, int64_t n, int64_t cols, int64_t nbp,
                     bool min_type, int8_t* __restrict__ xq, float* __restrict__ xd,
                     uint32_t* __restrict__ xc) {
+  // Launched as a programmatic dependent (pdl_launch): x and the scratch may still be in use by
+  // the previous kernels until pdl_wait; the matmul after this kernel may start (and fetch its
+  // weights) at once.
+  pdl_wait();
+  pdl_trigger();
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t nb = cols / 32;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -387,6 +420,257 @@ __global__ void __launch_bounds__(G * 128)
   }
 }
 
+// ---- the GEMV kernel (small n) ---------------------------------------------------------------------
+//
+// The same per-(row, token) arithmetic as q32_kernel, bit for bit, without tensor cores: the exact
+// integer block dot products come from dp4a, and lane s of a half-warp owns slice s of its rows
+// (blocks b = s, s + 16, ... in increasing order, the same epilogue expression), the 16 slices
+// are added by the same tree (shuffles at distance 8, 4, 2, 1). A half-warp handles R rows for
+// the NT tokens of its tile; a warp's rows are staged into its own shared-memory ring of kGStages
+// steps (16 blocks of each row per step, 16-byte cp.async over the aligned words that cover them,
+// as q32_kernel) - coalesced loads, no block-wide barrier; the lanes then read their block's bytes
+// from shared memory (aligned 32-bit words and a funnel shift where the block is only 2-byte
+// aligned). The quantized x is read through the read-only cache (each token's 32-byte block once
+// per R rows).
+
+template <int R>
+__host__ __device__ constexpr int gemv_stages() {
+  return R == 1 ? 6 : 3;  // R = 1 (n <= 4): deep, so that small matrices have all in flight
+}
+// Pitch of a staged row: the words of a step (+ 16 bytes, the funnel shift reads one word past a
+// block), with R * pitch = 64 mod 128 bytes so that the two half-warps read distinct banks.
+template <GgmlType T, int R>
+__host__ __device__ constexpr int gemv_pitch() {
+  const int need = row_words<T>() * 16 + 16;
+  const int mod = 128 / R, want = 64 / R;
+  return need + ((want - need % mod) + mod) % mod;
+}
+template <GgmlType T, int R>
+__host__ __device__ constexpr int gemv_warp_bytes() {
+  return gemv_stages<R>() * 2 * R * gemv_pitch<T, R>();
+}
+
+// N 32-bit words from the 2-byte aligned shared-memory address p (N + 1 aligned loads).
+template <int N>
+__device__ __forceinline__ void ldw_a2(const uint8_t* p, uint32_t (&w)[N]) {
+  const uint32_t mis = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p)) & 3u;
+  const uint32_t* base = reinterpret_cast<const uint32_t*>(p - mis);  // keeps p's address space
+  const uint32_t sh = mis * 8u;
+  uint32_t prev = base[0];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t next = base[i + 1];
+    w[i] = __funnelshift_r(prev, next, sh);
+    prev = next;
+  }
+}
+
+// Per type: the 32 codes of a staged block as 8 words (word i = elements 4i .. 4i + 3, one byte
+// each, the layout of a token's quantized x block), d and m. The codes are those of Q32<T>::frag
+// (q[c] = frag's lo of c, q[4 + c] = its hi).
+template <GgmlType T>
+struct GemvUnpack;
+template <>
+struct GemvUnpack<GgmlType::kQ8_0> {
+  static __device__ __forceinline__ void codes(const uint8_t* b, uint32_t (&q)[8], float* d,
+                                               float* m) {
+    *d = h2f(ld16(b));
+    *m = 0.0f;
+    ldw_a2<8>(b + 2, q);
+  }
+};
+template <>
+struct GemvUnpack<GgmlType::kQ4_0> {
+  static __device__ __forceinline__ void codes(const uint8_t* b, uint32_t (&q)[8], float* d,
+                                               float* m) {
+    *d = h2f(ld16(b));
+    *m = 0.0f;
+    uint32_t w[4];
+    ldw_a2<4>(b + 2, w);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      q[c] = w[c] & 0x0f0f0f0fu;
+      q[4 + c] = (w[c] >> 4) & 0x0f0f0f0fu;
+    }
+  }
+};
+template <>
+struct GemvUnpack<GgmlType::kQ4_1> {
+  static __device__ __forceinline__ void codes(const uint8_t* b, uint32_t (&q)[8], float* d,
+                                               float* m) {
+    const uint32_t dm = ld32(b);
+    *d = h2f(dm);
+    *m = h2f(dm >> 16);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t w = ld32(b + 4 + 4 * c);
+      q[c] = w & 0x0f0f0f0fu;
+      q[4 + c] = (w >> 4) & 0x0f0f0f0fu;
+    }
+  }
+};
+template <>
+struct GemvUnpack<GgmlType::kQ5_0> {
+  static __device__ __forceinline__ void codes(const uint8_t* b, uint32_t (&q)[8], float* d,
+                                               float* m) {
+    *d = h2f(ld16(b));
+    *m = 0.0f;
+    uint32_t w[5];  // qh, qs[0..16)
+    ldw_a2<5>(b + 2, w);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      q[c] = (w[1 + c] & 0x0f0f0f0fu) | spread4(w[0] >> (4 * c));
+      q[4 + c] = ((w[1 + c] >> 4) & 0x0f0f0f0fu) | spread4(w[0] >> (16 + 4 * c));
+    }
+  }
+};
+template <>
+struct GemvUnpack<GgmlType::kQ5_1> {
+  static __device__ __forceinline__ void codes(const uint8_t* b, uint32_t (&q)[8], float* d,
+                                               float* m) {
+    const uint32_t dm = ld32(b);
+    *d = h2f(dm);
+    *m = h2f(dm >> 16);
+    const uint32_t qh = ld32(b + 4);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t w = ld32(b + 8 + 4 * c);
+      q[c] = (w & 0x0f0f0f0fu) | spread4(qh >> (4 * c));
+      q[4 + c] = ((w >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * c));
+    }
+  }
+};
+
+// Thread block b (blockDim.x / 32 warps): tile b % n_tiles of NT tokens, rows (b / n_tiles) *
+// (2 R warps) ..; warp w's half h takes rows R (2 (warp index in the grid) + h) .. + R.
+template <GgmlType T, int R, int NT>
+__global__ void __launch_bounds__(128)
+    gemv_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t nb,
+                const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                const uint32_t* __restrict__ xc, int64_t nbp, int64_t n_total, int n_tiles,
+                float* __restrict__ y) {
+  using Q = Q32<T>;
+  constexpr int kStages = gemv_stages<R>();
+  constexpr int kPitch = gemv_pitch<T, R>();
+  constexpr int kWords = row_words<T>();
+  constexpr int kStage = 2 * R * kPitch;
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  const int h = lane >> 4;
+  const int s = lane & 15;  // the lane's slice
+  const int64_t row_block = static_cast<int64_t>(blockIdx.x) / n_tiles;
+  const int tile = static_cast<int>(static_cast<int64_t>(blockIdx.x) % n_tiles);
+  const int64_t t0 = static_cast<int64_t>(tile) * NT;
+  const int nt = n_total - t0 < NT ? static_cast<int>(n_total - t0) : NT;  // >= 1
+  const int64_t row0 = ((row_block * warps + warp) * 2 + h) * R;  // the half-warp's first row
+  const int64_t w_end = rows * row_bytes;
+  const int64_t steps = (nb + kSlices - 1) / kSlices;
+  uint8_t* ring = smem + warp * (kStages * kStage);
+
+  // The half-warp stages its own R rows (lane s: words s, s + 16, ... of each row's step).
+  auto load_stage = [&](int buf, int64_t j) {
+    uint8_t* st = ring + buf * kStage + h * R * kPitch;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = row0 + r;
+      if (row >= rows) break;
+      const int64_t start = row * row_bytes + j * (kSlices * Q::kBytes);
+      int64_t end = start + kSlices * Q::kBytes;
+      const int64_t row_end = (row + 1) * row_bytes;
+      if (end > row_end) end = row_end;
+#pragma unroll
+      for (int kk = 0; kk < (kWords + 15) / 16; ++kk) {
+        const int k = s + 16 * kk;
+        if (k >= kWords) break;
+        const int64_t a = (start & ~int64_t{15}) + 16 * k;
+        if (a >= end) break;
+        const int64_t left = w_end - a;
+        cp_async16(st + r * kPitch + 16 * k, w + a, left < 16 ? static_cast<int>(left) : 16);
+      }
+    }
+  };
+
+  int off[R];  // byte offset of the row's first block in a staged row
+#pragma unroll
+  for (int r = 0; r < R; ++r) off[r] = static_cast<int>(((row0 + r) * row_bytes) & 15);
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int q = 0; q < NT; ++q) acc[r][q] = 0.0f;
+  }
+
+  // The weights do not depend on the previous kernels: the first steps are fetched before waiting
+  // for them (programmatic dependent launch).
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < steps) load_stage(st, st);
+    cp_async_commit();
+  }
+  pdl_wait();
+
+  for (int64_t j = 0; j < steps; ++j) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();  // every lane's copies of step j landed; every lane is done with step j - 1
+    {
+      const int64_t jn = j + kStages - 1;
+      if (jn < steps) load_stage(static_cast<int>(jn % kStages), jn);
+      cp_async_commit();
+    }
+    const int64_t b = j * kSlices + s;
+    if (b >= nb) continue;
+    const uint8_t* st = ring + static_cast<int>(j % kStages) * kStage + h * R * kPitch;
+    uint32_t wq[R][8];
+    float dw[R], mw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      GemvUnpack<T>::codes(st + r * kPitch + off[r] + s * Q::kBytes, wq[r], &dw[r], &mw[r]);
+    }
+#pragma unroll
+    for (int q = 0; q < NT; ++q) {
+      if (q >= nt) break;
+      const int64_t tok = t0 + q;
+      const uint4* xp = reinterpret_cast<const uint4*>(xq + tok * nbp * 32 + b * 32);
+      const uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+      const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const float dx = __ldg(xd + tok * nbp + b);
+      uint32_t cx = 0;
+      if constexpr (Q::kMin || Q::kOffset != 0) cx = __ldg(xc + tok * nbp + b);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        int is = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          is = __dp4a(static_cast<int>(wq[r][i]), static_cast<int>(xw[i]), is);
+        }
+        if constexpr (Q::kOffset != 0) is -= Q::kOffset * static_cast<int>(cx);
+        const float t = __fmul_rn(static_cast<float>(is), dx);
+        float a = __fmaf_rn(t, dw[r], acc[r][q]);
+        if constexpr (Q::kMin) a = __fmaf_rn(mw[r], __uint_as_float(cx), a);
+        acc[r][q] = a;
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // The fixed tree over the 16 slices: v[s] += v[s + off] for off = 8, 4, 2, 1.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int q = 0; q < NT; ++q) {
+      float v = acc[r][q];
+#pragma unroll
+      for (int o = kSlices / 2; o >= 1; o >>= 1) {
+        v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, o, 16));
+      }
+      if (s == 0 && q < nt && row0 + r < rows) y[(t0 + q) * rows + row0 + r] = v;
+    }
+  }
+}
+
 // ---- host side ---------------------------------------------------------------------------------
 
 // Scratch for the quantized activations: grows (never during a stream capture).
@@ -453,6 +737,93 @@ void launch_g(const DeviceMatrix& w, const int8_t* xq, const float* xd, const ui
   }
 }
 
+// Programmatic dependent launches (the quantization kernel and the GEMV start while the kernel
+// before them drains; each waits for it with griddepcontrol.wait before touching its outputs).
+// On by default; SPECDEC_CUDA_PDL=0 turns them off, and a launch the driver refuses turns them off
+// for the rest of the process.
+std::atomic<bool>& pdl_flag() {
+  static std::atomic<bool> f{[] {
+    const char* e = std::getenv("SPECDEC_CUDA_PDL");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }()};
+  return f;
+}
+
+template <class... P, class... A>
+void pdl_launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_flag().load(std::memory_order_relaxed) ? 1 : 0;
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  if (err != cudaSuccess && cfg.numAttrs == 1 &&
+      (err == cudaErrorNotSupported || err == cudaErrorInvalidValue)) {
+    (void)cudaGetLastError();  // clear it, retry as a plain launch
+    pdl_flag().store(false);
+    cfg.numAttrs = 0;
+    err = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  }
+  if (err != cudaSuccess) throw_cuda_error(what, err, __FILE__, __LINE__);
+}
+
+// The largest n that takes the GEMV kernel, at most 16 (SPECDEC_CUDA_GEMV_MAX_N overrides the
+// default 2; 0 = never). Default from the H100/H200 runs of session 19 (8B shapes, Q8_0, graph
+// replay): GEMV n = 1, 2, 4, 8: 4.00, 4.89, 7.97, 12.7 ms on an H200; the mma kernel 7.41, 7.49,
+// 7.62, 7.85 ms on an H100 - the GEMV wins up to 2 tokens, the mma from about 4.
+std::atomic<int64_t>& gemv_max_n_flag() {
+  static std::atomic<int64_t> v{[] {
+    const char* e = std::getenv("SPECDEC_CUDA_GEMV_MAX_N");
+    if (e == nullptr || *e == '\0') return int64_t{2};
+    return std::min<int64_t>(std::max<int64_t>(std::atoll(e), 0), 16);
+  }()};
+  return v;
+}
+int64_t gemv_max_n() {
+  return gemv_max_n_flag().load(std::memory_order_relaxed);
+}
+
+template <GgmlType T, int R, int NT>
+void launch_gemv(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+                 int64_t nbp, int64_t n, float* y) {
+  constexpr int kWarpBytes = gemv_warp_bytes<T, R>();
+  static const bool attr = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, R, NT>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * kWarpBytes));
+    return true;
+  }();
+  (void)attr;
+  const int64_t n_tiles = (n + NT - 1) / NT;
+  // Warps per thread block: 4, or fewer when that leaves under 3 thread blocks per SM.
+  const int64_t warps_needed = (w.rows + 2 * R - 1) / (2 * R);  // 2 R rows per warp
+  int warps = 4;
+  while (warps > 1 && (warps_needed + warps - 1) / warps * n_tiles < 3 * sm_count()) warps /= 2;
+  const int64_t blocks = (warps_needed + warps - 1) / warps * n_tiles;
+  if (blocks > 0x7fffffffLL) {
+    throw Error("cuda::matmul: too many thread blocks (" + std::to_string(blocks) + ")");
+  }
+  pdl_launch("gemv_kernel", gemv_kernel<T, R, NT>, dim3(static_cast<unsigned>(blocks)),
+             dim3(static_cast<unsigned>(32 * warps)), static_cast<size_t>(warps * kWarpBytes),
+             static_cast<const uint8_t*>(w.data), w.rows, w.row_bytes, w.cols / 32, xq, xd, xc,
+             nbp, n, static_cast<int>(n_tiles), y);
+}
+
+template <GgmlType T>
+void run_gemv(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+              int64_t nbp, int64_t n, float* y) {
+  if (n == 1) return launch_gemv<T, 1, 1>(w, xq, xd, xc, nbp, n, y);
+  if (n == 2) return launch_gemv<T, 1, 2>(w, xq, xd, xc, nbp, n, y);
+  if (n <= 4) return launch_gemv<T, 1, 4>(w, xq, xd, xc, nbp, n, y);
+  if (n <= 8) return launch_gemv<T, 2, 8>(w, xq, xd, xc, nbp, n, y);
+  return launch_gemv<T, 4, 16>(w, xq, xd, xc, nbp, n, y);
+}
+
 template <GgmlType T>
 void run(const DeviceMatrix& w, const float* x, int64_t n, float* y) {
   const int64_t nb = w.cols / 32;
@@ -467,10 +838,10 @@ void run(const DeviceMatrix& w, const float* x, int64_t n, float* y) {
     const int64_t items = n * nb;
     const int64_t blocks = (items + 7) / 8;
     if (blocks > 0x7fffffffLL) throw Error("cuda::matmul: too many tokens");
-    quantize_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream()>>>(
-        x, n, w.cols, nbp, Q32<T>::kMin, xq, xd, xc);
-    CUDA_CHECK_LAUNCH("quantize_kernel");
+    pdl_launch("quantize_kernel", quantize_kernel, dim3(static_cast<unsigned>(blocks)), dim3(256),
+               0, x, n, w.cols, nbp, Q32<T>::kMin, xq, xd, xc);
   }
+  if (n <= gemv_max_n()) return run_gemv<T>(w, xq, xd, xc, nbp, n, y);
   // Tiles of 16 tokens, the rest in one tile of 8 or 16.
   const int64_t full = n / 16;
   if (full > 0) launch_g<T, 2>(w, xq, xd, xc, nbp, n, 0, full, y);
@@ -484,6 +855,12 @@ void run(const DeviceMatrix& w, const float* x, int64_t n, float* y) {
 }
 
 }  // namespace
+
+// For the tests (declared there): sets the largest n of the GEMV path (clamped to [0, 16]),
+// returns the previous value.
+int64_t q32_set_gemv_max_n(int64_t n) {
+  return gemv_max_n_flag().exchange(std::min<int64_t>(std::max<int64_t>(n, 0), 16));
+}
 
 bool q32_matmul_supported(GgmlType type) {
   switch (type) {

@@ -178,3 +178,99 @@ void kv_copy_slot(void* k, void* v, KvType type, int n_layers, int64_t layer_ele
                   int64_t row_elems, int64_t from, int64_t to);
 
 }  // namespace specdec::cuda
+
+// ==== CUDA graphs, pinned host memory, asynchronous copies (cuda_graph.cu) ====================
+// (Added for issue 27, "CUDA graphs for the decode step": the model's forward pass records its
+// kernels once per launch signature and replays them.)
+
+#include <vector>
+
+namespace specdec::cuda {
+
+// Whether the model's forward pass may use CUDA graphs: from the environment at first use
+// (SPECDEC_CUDA_GRAPHS=0 turns them off; anything else, or unset, on), then set_graphs_enabled.
+bool graphs_enabled();
+void set_graphs_enabled(bool enabled);
+
+// Process-wide counters of every GraphCache (for tests and benchmarks).
+struct GraphStats {
+  int64_t captures = 0;       // graphs recorded, instantiated and launched
+  int64_t replays = 0;        // launches of a cached graph
+  int64_t invalidated = 0;    // cached graphs dropped because memory they use was reallocated
+  int64_t failed = 0;         // captures that failed (that signature then runs without a graph)
+};
+GraphStats graph_stats();
+
+// Page-locked host memory (cudaHostAlloc), so that copies to and from it are truly asynchronous.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return p_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+  // Grows (contents lost) to at least `bytes` (at least doubling). Waits for the stream first:
+  // a queued copy may still read or write the old memory.
+  void reserve(size_t bytes);
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Queued on the stream, no wait: the host memory must stay valid and unchanged (upload) or
+// unread (download) until the stream is synchronized; asynchronous only for pinned host memory.
+void upload_async(void* dst_device, const void* src_host, size_t bytes);
+void download_async(void* dst_host, const void* src_device, size_t bytes);
+
+// A device allocation whose identity the caller's graph keys already cover (its address is in
+// the key, or it lives as long as the cache): not re-checked at replay.
+struct DeviceRange {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// Graphs of the stream's work keyed by a launch signature: a vector of integers that must hold
+// every host-side value of the recorded launches - shapes, scalars and the device addresses of
+// the caller's buffers - so that equal keys mean identical launches. Memory the caller does not
+// know about (e.g. the activation scratch inside matmul) is found in the recorded graph at
+// capture: every kernel / memset / memcpy argument that points into a device allocation outside
+// the caller's DeviceRanges is remembered with that allocation's process-wide unique buffer id,
+// and a replay first checks that each such allocation is still the same one (else the graph is
+// dropped: invalidated).
+//
+// Use, per pass (one thread at a time; the stream must not be used by other threads meanwhile):
+//   switch (cache.prepare(key)) {
+//     case kReplayed: the work is queued;
+//     case kRun:      queue it normally (first sight of the key, or it cannot be captured);
+//     case kCapture:  begin_capture(); queue it; end_capture(key, ranges) - true: the graph was
+//                     recorded and launched (the work is queued); false: queue it normally.
+//                     If queuing throws: abort_capture(key), then queue it normally.
+//   }
+// A key gets a graph at its second sight (the first runs normally, so that scratch memory that
+// grows on first use has grown). At most max_graphs graphs are kept (least recently used go).
+class GraphCache {
+ public:
+  enum class Step { kRun, kCapture, kReplayed };
+  explicit GraphCache(int max_graphs = 64);
+  ~GraphCache();
+  GraphCache(const GraphCache&) = delete;
+  GraphCache& operator=(const GraphCache&) = delete;
+
+  Step prepare(const std::vector<int64_t>& key);
+  void begin_capture();
+  bool end_capture(const std::vector<int64_t>& key, const std::vector<DeviceRange>& known);
+  void abort_capture(const std::vector<int64_t>& key, const char* why);
+  // Drops every graph (the caller's buffers were reallocated).
+  void clear();
+  int size() const;  // graphs held
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace specdec::cuda

@@ -9,11 +9,25 @@
 //     kv_write(k, v at the physical slots); attn = paged_attention(q, each sequence's blocks)
 //     x += attn·Woᵀ; xn = rmsnorm(x) * ffn_norm; x += swiglu(xn·Wgateᵀ, xn·Wupᵀ)·Wdownᵀ
 //   sel = rmsnorm(x[output rows]) * output_norm; logits = sel·Woutᵀ    // downloaded to host
+//
+// CUDA graphs (issue 27): the upload (pinned host memory, asynchronous) and the download stay
+// outside; everything between - every layer, the final norm and the output matmul - is recorded
+// into a graph keyed by the pass's launch signature (key_, built in forward) at its second sight
+// and replayed after. The signature holds every host value the launches take: n, n_out, the number of
+// attention sequences (and their rows and pools when they are in different pools), the staging
+// section offsets, the device addresses of the staging / activation buffers and of the KV pools,
+// the bound passed as max_visible (bucketed) and the matmul mode. Per-step values (n_past, block
+// tables, masks, positions, slots) are device data, uploaded each pass. A reallocated buffer of
+// the model clears the model's graphs; memory the model does not own (the matmul's activation
+// scratch) is re-checked by cuda::GraphCache before each replay. SPECDEC_CUDA_GRAPHS=0 (or
+// cuda::set_graphs_enabled(false)) turns graphs off; a tensor dump callback does too.
 #include "model/archs/llama_cuda.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -54,6 +68,20 @@ T* grow(std::vector<T>& v, size_t n) {
 }
 
 size_t align16(size_t n) { return (n + 15) & ~size_t{15}; }
+
+// The max_visible given to paged_attention: an upper bound of n_past + n_new (the next power of
+// two, at least 256) rather than the exact value, so that a decode step's launches - and its CUDA
+// graph - stay the same for many steps. (The kernel does not read it yet.)
+int64_t visible_bound(int64_t v) {
+  int64_t b = 256;
+  while (b < v) b *= 2;
+  return b;
+}
+
+// Smallest row counts the activation / output buffers are sized for: growing them reallocates
+// and drops the CUDA graphs, so small passes (decode, verification) never do it twice.
+constexpr int64_t kMinActivationRows = 64;
+constexpr int64_t kMinOutputRows = 16;
 
 }  // namespace
 
@@ -241,13 +269,19 @@ class CudaLlamaModel final : public Model {
   int64_t weight_bytes_ = 0;
   int64_t flops_per_token_ = 0;
 
+  // Device ranges whose identity a graph key covers (for cuda::GraphCache::end_capture).
+  std::vector<cuda::DeviceRange> known_ranges(const std::vector<CudaKvMemory*>& mems) const;
+
   // The pass's buffers (one pass at a time: the device and its stream are shared).
   std::mutex mu_;
-  std::vector<uint8_t> staging_;  // host side of the pass's one upload
+  cuda::PinnedBuffer staging_;   // host side of the pass's one upload
+  cuda::PinnedBuffer host_out_;  // host side of the download: logits, then hidden rows
   cuda::DeviceBuffer d_staging_;
   cuda::DeviceBuffer d_x_, d_xn_, d_q_, d_k_, d_v_, d_attn_, d_proj_, d_gate_, d_up_, d_sel_,
       d_logits_;
   std::vector<float> dump_host_;
+  cuda::GraphCache graphs_{64};  // the pass's device work by launch signature
+  std::vector<int64_t> key_;      // the current pass's signature
 };
 
 const void* CudaLlamaModel::upload_tensor(const GgufTensor& t) {
@@ -377,8 +411,10 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
   if (n == 0) return {};
 
   // The pass's one upload: [tokens int32 n | positions int32 n | physical slots int64 n |
-  // attention descriptors | block tables int32 | masks u8 | output rows int32 n_out], each
-  // section 16-byte aligned.
+  // attention descriptors | output rows int32 n_out | masks u8 | block tables int32], each
+  // section 16-byte aligned. The block tables go last: the offsets of the sections the kernels
+  // are given then depend only on the pass's shape, not on how many blocks its sequences span
+  // (which grows during decoding), so a decode step keeps its CUDA graph.
   size_t total = 0;
   auto take = [&](size_t bytes) {
     const size_t at = total;
@@ -389,11 +425,18 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
   const size_t o_positions = take(static_cast<size_t>(n) * sizeof(int32_t));
   const size_t o_phys = take(static_cast<size_t>(n) * sizeof(int64_t));
   const size_t o_seqs = take(static_cast<size_t>(n_seqs) * sizeof(cuda::DeviceAttnSeq));
-  const size_t o_tables = take(static_cast<size_t>(n_tables) * sizeof(int32_t));
-  const size_t o_masks = take(static_cast<size_t>(n_mask));
   const size_t o_out_rows = take(static_cast<size_t>(n_out) * sizeof(int32_t));
-  staging_.assign(total, 0);
-  uint8_t* h = staging_.data();
+  const size_t o_masks = take(static_cast<size_t>(n_mask));
+  const size_t o_tables = take(static_cast<size_t>(n_tables) * sizeof(int32_t));
+  const int64_t logit_elems = n_out * c.n_vocab;
+  const int64_t hidden_elems = want_hidden ? n_out * c.dim : 0;
+  // Pinned host memory (grown before anything of this pass is queued: growing waits).
+  staging_.reserve(total);
+  if (n_out > 0) {
+    host_out_.reserve(static_cast<size_t>(logit_elems + hidden_elems) * sizeof(float));
+  }
+  uint8_t* h = staging_.as<uint8_t>();
+  std::memset(h, 0, total);
   auto* tokens = reinterpret_cast<int32_t*>(h + o_tokens);
   auto* positions = reinterpret_cast<int32_t*>(h + o_positions);
   auto* phys = reinterpret_cast<int64_t*>(h + o_phys);
@@ -445,8 +488,46 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
   if (!descs.empty()) {
     std::memcpy(h + o_seqs, descs.data(), descs.size() * sizeof(cuda::DeviceAttnSeq));
   }
-  d_staging_.reserve(total);
-  cuda::upload(d_staging_.data(), h, total);
+
+  // Device buffers, all sized before anything is queued or recorded. A reallocation (growth)
+  // drops this model's graphs (their addresses are gone).
+  bool grew = false;
+  auto grow_device = [&](cuda::DeviceBuffer& buf, size_t bytes) {
+    if (bytes <= buf.bytes()) return;
+    buf.reserve(bytes);
+    grew = true;
+  };
+  if (total > d_staging_.bytes()) {
+    grow_device(d_staging_, std::max({total, 2 * d_staging_.bytes(), size_t{64} << 10}));
+  }
+  const int64_t q_dim = c.q_dim(), kv_row = c.kv_dim();
+  const int64_t act_rows = std::max(n, kMinActivationRows);
+  auto act = [&](cuda::DeviceBuffer& buf, int64_t width) {
+    grow_device(buf, static_cast<size_t>(act_rows * width) * sizeof(float));
+    return buf.as<float>();
+  };
+  float* x = act(d_x_, c.dim);           // [n, dim]
+  float* xn = act(d_xn_, c.dim);         // [n, dim]
+  float* q = act(d_q_, q_dim);           // [n, q_dim]
+  float* k = act(d_k_, kv_row);          // [n, kv_dim]
+  float* v = act(d_v_, kv_row);          // [n, kv_dim]
+  float* attn = act(d_attn_, q_dim);     // [n, q_dim]
+  float* proj = act(d_proj_, c.dim);     // [n, dim]
+  float* gate = act(d_gate_, c.ffn_dim); // [n, ffn_dim]
+  float* up = act(d_up_, c.ffn_dim);     // [n, ffn_dim]
+  float* sel = nullptr;                  // [n_out, dim]
+  float* logits = nullptr;               // [n_out, n_vocab]
+  if (n_out > 0) {
+    const int64_t out_rows_cap = std::max(n_out, kMinOutputRows);
+    grow_device(d_sel_, static_cast<size_t>(out_rows_cap * c.dim) * sizeof(float));
+    grow_device(d_logits_, static_cast<size_t>(out_rows_cap * c.n_vocab) * sizeof(float));
+    sel = d_sel_.as<float>();
+    logits = d_logits_.as<float>();
+  }
+  if (grew) graphs_.clear();
+
+  cuda::upload_async(d_staging_.data(), h, total);  // pinned: staging_ stays untouched until the
+                                                    // synchronize at the end of the pass
   const uint8_t* d = d_staging_.as<uint8_t>();
   const auto* d_tokens = reinterpret_cast<const int32_t*>(d + o_tokens);
   const auto* d_positions = reinterpret_cast<const int32_t*>(d + o_positions);
@@ -456,103 +537,191 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
   const auto* d_masks = d + o_masks;
   const auto* d_out_rows = reinterpret_cast<const int32_t*>(d + o_out_rows);
 
-  const int64_t q_dim = c.q_dim(), kv_row = c.kv_dim();
-  auto reserve = [&](cuda::DeviceBuffer& buf, int64_t elems) {
-    buf.reserve(static_cast<size_t>(std::max<int64_t>(elems, 1)) * sizeof(float));
-    return buf.as<float>();
-  };
-  float* x = reserve(d_x_, n * c.dim);              // [n, dim]
-  float* xn = reserve(d_xn_, n * c.dim);            // [n, dim]
-  float* q = reserve(d_q_, n * q_dim);              // [n, q_dim]
-  float* k = reserve(d_k_, n * kv_row);             // [n, kv_dim]
-  float* v = reserve(d_v_, n * kv_row);             // [n, kv_dim]
-  float* attn = reserve(d_attn_, n * q_dim);        // [n, q_dim]
-  float* proj = reserve(d_proj_, n * c.dim);        // [n, dim]
-  float* gate = reserve(d_gate_, n * c.ffn_dim);    // [n, ffn_dim]
-  float* up = reserve(d_up_, n * c.ffn_dim);        // [n, ffn_dim]
-
-  cuda::get_rows(tok_embd_, d_tokens, n, x);
-  dump("inp_embd", -1, x, n, c.dim);
+  // The pass's device work, from the embedding to the logits (what a graph records).
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  for (int l = 0; l < c.n_layers; ++l) {
-    const DeviceLayer& w = layers_[l];
-    cuda::rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
-    dump("attn_norm", l, xn, n, c.dim);
-    cuda::matmul(w.wq, xn, n, q);
-    cuda::matmul(w.wk, xn, n, k);
-    cuda::matmul(w.wv, xn, n, v);
-    cuda::rope(q, d_positions, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
-               c.rope_freq_scale, c.rope_style);
-    cuda::rope(k, d_positions, n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
-               c.rope_freq_scale, c.rope_style);
-    dump("q_rope", l, q, n, q_dim);
-    dump("k_rope", l, k, n, kv_row);
-    dump("v", l, v, n, kv_row);
-    if (one_pool) {
-      // Every new token's K/V at its physical slot, then every sequence's attention: one call
-      // each for the pass.
-      const cuda::DeviceKvLayer kv_layer = mems[0]->layer(l);
-      cuda::kv_write(kv_layer, d_phys, n, k, v);
-      if (!descs.empty()) {
-        cuda::paged_attention(kv_layer, q, n, c.n_heads, scale, d_seqs,
-                              static_cast<int64_t>(descs.size()), d_tables, d_masks, max_visible,
-                              attn);
+  auto queue_pass = [&] {
+    cuda::get_rows(tok_embd_, d_tokens, n, x);
+    dump("inp_embd", -1, x, n, c.dim);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const DeviceLayer& w = layers_[l];
+      cuda::rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
+      dump("attn_norm", l, xn, n, c.dim);
+      cuda::matmul(w.wq, xn, n, q);
+      cuda::matmul(w.wk, xn, n, k);
+      cuda::matmul(w.wv, xn, n, v);
+      cuda::rope(q, d_positions, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
+                 c.rope_freq_scale, c.rope_style);
+      cuda::rope(k, d_positions, n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
+                 c.rope_freq_scale, c.rope_style);
+      dump("q_rope", l, q, n, q_dim);
+      dump("k_rope", l, k, n, kv_row);
+      dump("v", l, v, n, kv_row);
+      if (one_pool) {
+        // Every new token's K/V at its physical slot, then every sequence's attention: one call
+        // each for the pass.
+        const cuda::DeviceKvLayer kv_layer = mems[0]->layer(l);
+        cuda::kv_write(kv_layer, d_phys, n, k, v);
+        if (!descs.empty()) {
+          cuda::paged_attention(kv_layer, q, n, c.n_heads, scale, d_seqs,
+                                static_cast<int64_t>(descs.size()), d_tables, d_masks,
+                                visible_bound(max_visible), attn);
+        }
+      } else {
+        // Sequences in different pools: one call each, on its rows.
+        for (size_t kk = 0; kk < descs.size(); ++kk) {
+          const int64_t si = attn_seq[kk];
+          const int64_t row0 = offsets[si];
+          const cuda::DeviceKvLayer kv_layer = mems[static_cast<size_t>(si)]->layer(l);
+          cuda::kv_write(kv_layer, d_phys + row0, descs[kk].n_new, k + row0 * kv_row,
+                         v + row0 * kv_row);
+          cuda::paged_attention(kv_layer, q + row0 * q_dim, descs[kk].n_new, c.n_heads, scale,
+                                d_seqs + kk, 1, d_tables, d_masks,
+                                visible_bound(descs[kk].n_past + descs[kk].n_new),
+                                attn + row0 * q_dim);
+        }
       }
-    } else {
-      // Sequences in different pools: one call each, on its rows.
-      for (size_t kk = 0; kk < descs.size(); ++kk) {
-        const int64_t si = attn_seq[kk];
-        const int64_t row0 = offsets[si];
-        const cuda::DeviceKvLayer kv_layer = mems[static_cast<size_t>(si)]->layer(l);
-        cuda::kv_write(kv_layer, d_phys + row0, descs[kk].n_new, k + row0 * kv_row,
-                       v + row0 * kv_row);
-        cuda::paged_attention(kv_layer, q + row0 * q_dim, descs[kk].n_new, c.n_heads, scale,
-                              d_seqs + kk, 1, d_tables, d_masks,
-                              descs[kk].n_past + descs[kk].n_new, attn + row0 * q_dim);
-      }
+      dump("attn_out", l, attn, n, q_dim);
+      cuda::matmul(w.wo, attn, n, proj);
+      cuda::add(x, proj, n * c.dim);
+      dump("attn_residual", l, x, n, c.dim);
+      cuda::rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
+      cuda::matmul(w.w_gate, xn, n, gate);
+      cuda::matmul(w.w_up, xn, n, up);
+      cuda::swiglu(gate, up, n * c.ffn_dim, gate);
+      dump("ffn_act", l, gate, n, c.ffn_dim);
+      cuda::matmul(w.w_down, gate, n, proj);
+      cuda::add(x, proj, n * c.dim);
+      dump("layer_out", l, x, n, c.dim);
     }
-    dump("attn_out", l, attn, n, q_dim);
-    cuda::matmul(w.wo, attn, n, proj);
-    cuda::add(x, proj, n * c.dim);
-    dump("attn_residual", l, x, n, c.dim);
-    cuda::rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
-    cuda::matmul(w.w_gate, xn, n, gate);
-    cuda::matmul(w.w_up, xn, n, up);
-    cuda::swiglu(gate, up, n * c.ffn_dim, gate);
-    dump("ffn_act", l, gate, n, c.ffn_dim);
-    cuda::matmul(w.w_down, gate, n, proj);
-    cuda::add(x, proj, n * c.dim);
-    dump("layer_out", l, x, n, c.dim);
-  }
+    if (n_out == 0) return;
+    // The output rows of x (a float matrix [n, dim]), final-normed, then the logits.
+    cuda::DeviceMatrix x_rows;
+    x_rows.type = GgmlType::kF32;
+    x_rows.data = x;
+    x_rows.rows = n;
+    x_rows.cols = c.dim;
+    x_rows.row_bytes = static_cast<int64_t>(c.dim) * static_cast<int64_t>(sizeof(float));
+    cuda::get_rows(x_rows, d_out_rows, n_out, sel);
+    cuda::rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
+    dump("result_norm", -1, sel, n_out, c.dim);
+    cuda::matmul(output_, sel, n_out, logits);
+  };
 
   ForwardResult result;
-  if (n_out == 0) {
-    cuda::synchronize();  // the K/V writes are done (and any kernel error surfaces here)
-    return result;
+  try {
+    // With graphs: the launch signature (every host value of queue_pass's launches).
+    bool queued = false;
+    if (cuda::graphs_enabled() && !dump_) {
+      std::vector<int64_t>& key = key_;
+      key.clear();
+      auto put = [&](int64_t val) { key.push_back(val); };
+      auto put_ptr = [&](const void* p) {
+        key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)));
+      };
+      auto put_kv = [&](const CudaKvMemory* m) {
+        put_ptr(m->k_data());
+        put_ptr(m->v_data());
+        put(m->n_blocks());
+        put(m->block_slots());
+        put(static_cast<int64_t>(m->type()));
+      };
+      put(cuda::matmul_legacy() ? 1 : 0);
+      put(n);
+      put(n_out);
+      put(static_cast<int64_t>(descs.size()));
+      put(one_pool ? 1 : 0);
+      for (size_t o : {o_tokens, o_positions, o_phys, o_seqs, o_out_rows, o_masks, o_tables}) {
+        put(static_cast<int64_t>(o));
+      }
+      put_ptr(d_staging_.data());
+      for (const float* p : {x, xn, q, k, v, attn, proj, gate, up,
+                             static_cast<float*>(sel), static_cast<float*>(logits)}) {
+        put_ptr(p);
+      }
+      if (one_pool) {
+        put_kv(mems[0]);
+        put(visible_bound(max_visible));
+      } else {
+        for (size_t kk = 0; kk < descs.size(); ++kk) {
+          const int64_t si = attn_seq[kk];
+          put(offsets[si]);
+          put(descs[kk].n_new);
+          put_kv(mems[static_cast<size_t>(si)]);
+          put(visible_bound(descs[kk].n_past + descs[kk].n_new));
+        }
+      }
+      switch (graphs_.prepare(key)) {
+        case cuda::GraphCache::Step::kReplayed:
+          queued = true;
+          break;
+        case cuda::GraphCache::Step::kCapture: {
+          graphs_.begin_capture();
+          bool recorded = true;
+          try {
+            queue_pass();
+          } catch (const std::exception& e) {
+            graphs_.abort_capture(key, e.what());
+            recorded = false;
+          } catch (...) {
+            graphs_.abort_capture(key, "unknown exception");
+            recorded = false;
+          }
+          if (recorded) queued = graphs_.end_capture(key, known_ranges(mems));
+          break;
+        }
+        case cuda::GraphCache::Step::kRun:
+          break;
+      }
+    }
+    if (!queued) queue_pass();
+
+    if (n_out == 0) {
+      cuda::synchronize();  // the K/V writes are done (and any kernel error surfaces here)
+      return result;
+    }
+    // One asynchronous download into pinned memory (logits, then the hidden rows), one wait.
+    float* h_out = host_out_.as<float>();
+    cuda::download_async(h_out, logits, static_cast<size_t>(logit_elems) * sizeof(float));
+    if (want_hidden) {
+      cuda::download_async(h_out + logit_elems, sel,
+                           static_cast<size_t>(hidden_elems) * sizeof(float));
+    }
+    cuda::synchronize();
+  } catch (...) {
+    // Nothing queued may still read staging_ / write host_out_ when the next pass starts.
+    try {
+      cuda::synchronize();
+    } catch (...) {
+    }
+    throw;
   }
-  // The output rows of x (a float matrix [n, dim]), final-normed, then the logits.
-  float* sel = reserve(d_sel_, n_out * c.dim);              // [n_out, dim]
-  float* logits = reserve(d_logits_, n_out * c.n_vocab);    // [n_out, n_vocab]
-  cuda::DeviceMatrix x_rows;
-  x_rows.type = GgmlType::kF32;
-  x_rows.data = x;
-  x_rows.rows = n;
-  x_rows.cols = c.dim;
-  x_rows.row_bytes = static_cast<int64_t>(c.dim) * static_cast<int64_t>(sizeof(float));
-  cuda::get_rows(x_rows, d_out_rows, n_out, sel);
-  cuda::rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
-  dump("result_norm", -1, sel, n_out, c.dim);
-  cuda::matmul(output_, sel, n_out, logits);
-  float* h_logits = grow(sc.logits, static_cast<size_t>(n_out * c.n_vocab));
-  cuda::download(h_logits, logits, static_cast<size_t>(n_out * c.n_vocab) * sizeof(float));
+  float* h_logits = grow(sc.logits, static_cast<size_t>(logit_elems));
+  std::memcpy(h_logits, host_out_.as<float>(), static_cast<size_t>(logit_elems) * sizeof(float));
   if (dump_) dump_("result_output", -1, h_logits, n_out, c.n_vocab);
-  result.logits = {h_logits, static_cast<size_t>(n_out * c.n_vocab)};
+  result.logits = {h_logits, static_cast<size_t>(logit_elems)};
   if (want_hidden) {
-    float* h_sel = grow(sc.sel, static_cast<size_t>(n_out * c.dim));
-    cuda::download(h_sel, sel, static_cast<size_t>(n_out * c.dim) * sizeof(float));
-    result.hidden = {h_sel, static_cast<size_t>(n_out * c.dim)};
+    float* h_sel = grow(sc.sel, static_cast<size_t>(hidden_elems));
+    std::memcpy(h_sel, host_out_.as<float>() + logit_elems,
+                static_cast<size_t>(hidden_elems) * sizeof(float));
+    result.hidden = {h_sel, static_cast<size_t>(hidden_elems)};
   }
   return result;
+}
+
+std::vector<cuda::DeviceRange> CudaLlamaModel::known_ranges(
+    const std::vector<CudaKvMemory*>& mems) const {
+  std::vector<cuda::DeviceRange> r;
+  r.reserve(weights_.size() + 16 + 2 * mems.size());
+  for (const auto& [t, buf] : weights_) r.push_back({buf.data(), buf.bytes()});  // immutable
+  for (const cuda::DeviceBuffer* b : {&d_staging_, &d_x_, &d_xn_, &d_q_, &d_k_, &d_v_, &d_attn_,
+                                      &d_proj_, &d_gate_, &d_up_, &d_sel_, &d_logits_}) {
+    r.push_back({b->data(), b->bytes()});  // addresses in the key
+  }
+  for (const CudaKvMemory* m : mems) {  // addresses in the key
+    r.push_back({m->k_data(), m->pool_bytes()});
+    r.push_back({m->v_data(), m->pool_bytes()});
+  }
+  return r;
 }
 
 }  // namespace

@@ -41,6 +41,10 @@ class CudaKvMemory final : public KvDeviceMemory {
   int32_t n_blocks() const { return n_blocks_; }
   int64_t block_slots() const { return block_slots_; }
   KvType type() const { return type_; }
+  // The K and V pools (device; pool_bytes each): the forward pass keys its CUDA graphs on them.
+  const void* k_data() const { return k_.data(); }
+  const void* v_data() const { return v_.data(); }
+  size_t pool_bytes() const { return k_.bytes(); }
 
  private:
   struct NoInit {};
