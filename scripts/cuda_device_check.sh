@@ -10,7 +10,12 @@ mkdir -p "$OUT" /root/specdec-dev
 STEPS="${STEPS:-info ops model cli shapes}"
 D=/root/specdec-dev
 rm -rf "$D/bin" "$D/lib" "$D/shared"
-tar -C "$D" -xzf .devcarry/payload.tar.gz
+if command -v xz > /dev/null; then
+  tar -C "$D" -xJf .devcarry/payload.tar.xz
+else  # the image may lack xz; Python has lzma
+  python3 -c "import tarfile, sys; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" \
+      .devcarry/payload.tar.xz "$D"
+fi
 export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
 export SPECDEC_SHARED_DIR="$D/shared"
 export SPECDEC_CACHE="$D/cache"
@@ -28,11 +33,12 @@ B="$D/bin"
 run() {  # name, command...: runs it with a log under $OUT, prints its tail
   local name=$1; shift
   echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1
+  local t0=$SECONDS dir="$OUT"
+  case $name in gen_*|*_no*) dir=/tmp/specdec-logs; mkdir -p "$dir" ;; esac  # 8 files come back
+  "$@" > "$dir/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc, $((SECONDS - t0)) s"
-  tail -n 25 "$OUT/$name.log"
+  tail -n 25 "$dir/$name.log"
 }
 for step in $STEPS; do
   case $step in
@@ -49,13 +55,13 @@ for step in $STEPS; do
         run gen_smol "$B/specdec" generate --device cuda --chat --spec ngram -n 128 -p "Repeat the following text exactly, word for word: The river runs through the middle of the old town. Every morning, fishermen set out in small wooden boats, and by noon the market near the bridge is full of fresh fish, bread and vegetables."
         run bench_smol "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
         SPECDEC_CUDA_GRAPHS=0 run bench_smol_nographs "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
+        SPECDEC_CUDA_FUSE=0 run bench_smol_nofuse "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
         run spec_grounded "$B/specdec" bench --device cuda --spec ngram --prompts bench/prompts/grounded.jsonl -n 128 --output-format json
-        run spec_grounded_cpu "$B/specdec" bench --spec ngram --prompts bench/prompts/grounded.jsonl -n 128 --output-format json
       fi
       ;;
     shapes)
-      run shapes "$B/bench_cuda_shapes" --all --ab
-      SPECDEC_CUDA_GEMV_MAX_N=16 run shapes_gemv16 "$B/bench_cuda_shapes" --types Q8_0,Q4_1 --graph
+      run shapes "$B/bench_cuda_shapes" --all
+      run sweep "$B/bench_cuda_shapes" --sweep
       ;;
   esac
 done

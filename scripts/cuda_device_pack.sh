@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares what a lent GPU machine (the `device` tool's) needs to test the CUDA build, since it
 # has neither our Debian libraries nor the models, and a call carries at most 64 MiB:
-#   .devcarry/payload.tar.gz   the CUDA build's binaries (stripped), the shared libraries they
+#   .devcarry/payload.tar.xz   the CUDA build's binaries (stripped), the shared libraries they
 #                              load that a CUDA image may lack, ../shared's tiny models and goldens
 #   .devmodel_a/, .devmodel_b/ the default model in two parts (one per call: the machine keeps
 #                              the first in /root between two calls made back to back)
@@ -29,13 +29,13 @@ done | sort -u | grep -vE '/(libc|libm|ld-linux[^/]*|libdl|libpthread|librt)\.so
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 cp -r "$SHARED/models/tiny" "$stage/shared/models/"
 cp -r "$SHARED/golden" "$stage/shared/"
-tar -C "$stage" -cf - . | gzip -9 > .devcarry/payload.tar.gz
+tar -C "$stage" -cf - . | xz -9e -T2 > .devcarry/payload.tar.xz  # fatbins: xz 11 MB, gzip 30
 rm -rf "$stage"
 model="$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -f "$model" ]; then
   mkdir -p .devmodel_a .devmodel_b
-  head -c 58000000 "$model" > .devmodel_a/part
-  tail -c +58000001 "$model" > .devmodel_b/part
+  head -c 50000000 "$model" > .devmodel_a/part
+  tail -c +50000001 "$model" > .devmodel_b/part
   sha256sum "$model" | awk '{print $1}' > .devcarry/model.sha256
 fi
 du -sh .devcarry .devmodel_a .devmodel_b 2>/dev/null

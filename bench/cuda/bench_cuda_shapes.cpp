@@ -20,6 +20,18 @@
 //                     [--layers 32]
 //   --all: Q8_0, Q4_1 and F16 with --graph. --ab: each type also with the legacy matmul kernel
 //   (cuda::set_matmul_legacy), --legacy: only with it.
+//
+//   bench_cuda_shapes --sweep [--types Q8_0,Q4_1] [--layers 32]
+//   The offline autotune of the int8 matmul (cuda_matmul_q32.cu): every kernel variant (all give
+//   the same bits) on the 8B shapes, n = 1, 2, 4, 8, 16, CUDA graph replay, median of 10. One line
+//   per (type, kind, variant, pdl_early, n):
+//     {"sweep": 1, "type", "kind" ("gemv": every n on the GEMV kernel, SPECDEC_CUDA_GEMV_MAX_N=16;
+//      "mma": every n on the mma kernel, SPECDEC_CUDA_GEMV_MAX_N=0; "dispatch": the shipped
+//      defaults), "variant", "pdl_early" (0 / 1), "n", "ms", "achieved_gbs",
+//      "fraction_of_measured_bw", "vs_default" (ms / the shipped dispatch's ms at that n)}
+//   then per (type, n) {"best": 1, ...} (the fastest configuration overall, and the fastest GEMV
+//   and mma ones) with the environment that selects it (SPECDEC_CUDA_GEMV_MAX_N,
+//   SPECDEC_CUDA_GEMV_VARIANT, SPECDEC_CUDA_MMA_VARIANT, SPECDEC_CUDA_PDL_EARLY).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +46,16 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/ggml_type.h"
+
+namespace specdec::cuda::detail {
+// cuda_matmul_q32.cu: the kernel variants of the int8 matmul (kind 0: GEMV, 1: mma; 0 = the
+// default), the GEMV's largest n, the early PDL triggers. Setters return the previous value.
+int64_t q32_set_gemv_max_n(int64_t n);
+int q32_variant_count(int kind);
+const char* q32_variant_name(int kind, int i);
+int q32_set_variant(int kind, int i);
+bool q32_set_pdl_early(bool on);
+}  // namespace specdec::cuda::detail
 
 namespace {
 
@@ -176,71 +198,112 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The model of one type: weights (from a device copy of a random pattern) and activations.
+struct Model {
+  std::vector<Layer> layers;
+  Matrix output;
+  Acts a;
+  int64_t weight_bytes = 0;
+};
+
+void build_model(GgmlType type, int n_layers, Model* m) {
+  const std::vector<uint8_t> host_pattern = random_pattern(type, size_t{64} << 20);
+  cuda::DeviceBuffer pattern(host_pattern.size());
+  cuda::upload(pattern.data(), host_pattern.data(), host_pattern.size());
+  m->layers.reserve(static_cast<size_t>(n_layers));
+  const size_t pb = host_pattern.size();
+  int64_t* wb = &m->weight_bytes;
+  for (int l = 0; l < n_layers; ++l) {
+    Layer L;
+    L.q = make_matrix(type, kDim, kDim, pattern, pb, wb);
+    L.k = make_matrix(type, kKvDim, kDim, pattern, pb, wb);
+    L.v = make_matrix(type, kKvDim, kDim, pattern, pb, wb);
+    L.o = make_matrix(type, kDim, kDim, pattern, pb, wb);
+    L.gate = make_matrix(type, kFfn, kDim, pattern, pb, wb);
+    L.up = make_matrix(type, kFfn, kDim, pattern, pb, wb);
+    L.down = make_matrix(type, kDim, kFfn, pattern, pb, wb);
+    m->layers.push_back(std::move(L));
+  }
+  m->output = make_matrix(type, kVocab, kDim, pattern, pb, wb);
+
+  Acts& a = m->a;
+  auto floats = [](int64_t n) { return cuda::DeviceBuffer(static_cast<size_t>(n) * 4); };
+  a.x = floats(kMaxN * kDim);
+  a.h = floats(kMaxN * kDim);
+  a.q = floats(kMaxN * kDim);
+  a.k = floats(kMaxN * kKvDim);
+  a.v = floats(kMaxN * kKvDim);
+  a.o = floats(kMaxN * kDim);
+  a.g = floats(kMaxN * kFfn);
+  a.u = floats(kMaxN * kFfn);
+  a.logits = floats(kMaxN * kVocab);
+  a.norm = floats(kDim);
+  {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(kMaxN * kDim));
+    for (float& v : x) v = nd(rng);
+    cuda::upload(a.x.data(), x.data(), x.size() * 4);
+    std::vector<float> w(static_cast<size_t>(kDim), 1.0f);
+    cuda::upload(a.norm.data(), w.data(), w.size() * 4);
+  }
+  cuda::synchronize();
+}
+
+struct Timer {
+  cudaStream_t s = cuda::detail::stream();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  Timer() {
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~Timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  template <class F>
+  double ms(F&& body) {
+    CUDA_CHECK(cudaEventRecord(start, s));
+    body();
+    CUDA_CHECK(cudaEventRecord(stop, s));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float v = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&v, start, stop));
+    return static_cast<double>(v);
+  }
+};
+
+// The median of 10 graph replays of a pass of n tokens (one plain pass first: scratch, kernel
+// attributes and modules are set up outside the capture; 2 replays of warm-up).
+double graph_ms(Model& m, Timer& timer, int64_t n) {
+  cudaStream_t s = timer.s;
+  pass(m.layers, m.output, m.a, n);
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  pass(m.layers, m.output, m.a, n);
+  CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  for (int w = 0; w < 2; ++w) CUDA_CHECK(cudaGraphLaunch(exec, s));
+  std::vector<double> t;
+  for (int r = 0; r < 10; ++r) t.push_back(timer.ms([&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); }));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(g));
+  return median(t);
+}
+
 // Builds the model of one type, times it, frees it. legacy: the original matmul kernel
 // (cuda::set_matmul_legacy) - the "kernel" field of the lines says which ran.
 void run_type(GgmlType type, bool graph, int n_layers, bool legacy, double bw) {
   cuda::set_matmul_legacy(legacy);
   const char* kernel = legacy ? "legacy" : "new";
   {
-    // Weights.
-    const std::vector<uint8_t> host_pattern = random_pattern(type, size_t{64} << 20);
-    cuda::DeviceBuffer pattern(host_pattern.size());
-    cuda::upload(pattern.data(), host_pattern.data(), host_pattern.size());
-    int64_t weight_bytes = 0;
-    std::vector<Layer> layers;
-    layers.reserve(static_cast<size_t>(n_layers));
-    for (int l = 0; l < n_layers; ++l) {
-      Layer L;
-      const size_t pb = host_pattern.size();
-      L.q = make_matrix(type, kDim, kDim, pattern, pb, &weight_bytes);
-      L.k = make_matrix(type, kKvDim, kDim, pattern, pb, &weight_bytes);
-      L.v = make_matrix(type, kKvDim, kDim, pattern, pb, &weight_bytes);
-      L.o = make_matrix(type, kDim, kDim, pattern, pb, &weight_bytes);
-      L.gate = make_matrix(type, kFfn, kDim, pattern, pb, &weight_bytes);
-      L.up = make_matrix(type, kFfn, kDim, pattern, pb, &weight_bytes);
-      L.down = make_matrix(type, kDim, kFfn, pattern, pb, &weight_bytes);
-      layers.push_back(std::move(L));
-    }
-    const Matrix output =
-        make_matrix(type, kVocab, kDim, pattern, host_pattern.size(), &weight_bytes);
-
-    // Activations.
-    Acts a;
-    auto floats = [](int64_t n) { return cuda::DeviceBuffer(static_cast<size_t>(n) * 4); };
-    a.x = floats(kMaxN * kDim);
-    a.h = floats(kMaxN * kDim);
-    a.q = floats(kMaxN * kDim);
-    a.k = floats(kMaxN * kKvDim);
-    a.v = floats(kMaxN * kKvDim);
-    a.o = floats(kMaxN * kDim);
-    a.g = floats(kMaxN * kFfn);
-    a.u = floats(kMaxN * kFfn);
-    a.logits = floats(kMaxN * kVocab);
-    a.norm = floats(kDim);
-    {
-      std::mt19937 rng(7);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> x(static_cast<size_t>(kMaxN * kDim));
-      for (float& v : x) v = nd(rng);
-      cuda::upload(a.x.data(), x.data(), x.size() * 4);
-      std::vector<float> w(static_cast<size_t>(kDim), 1.0f);
-      cuda::upload(a.norm.data(), w.data(), w.size() * 4);
-    }
-    cuda::synchronize();
-
-    cudaStream_t s = cuda::detail::stream();
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    auto time_ms = [&](auto&& body) {
-      CUDA_CHECK(cudaEventRecord(start, s));
-      body();
-      CUDA_CHECK(cudaEventRecord(stop, s));
-      CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0.0f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      return static_cast<double>(ms);
-    };
+    Model m;
+    build_model(type, n_layers, &m);
+    const int64_t weight_bytes = m.weight_bytes;
+    Timer timer;
     const int64_t ns[] = {1, 2, 4, 8, 16};
     auto report = [&](const char* mode, int64_t n, double ms, double ms1) {
       const double gbs = static_cast<double>(weight_bytes) / (ms * 1e-3) / 1e9;
@@ -255,9 +318,9 @@ void run_type(GgmlType type, bool graph, int n_layers, bool legacy, double bw) {
 
     double ms1 = 0.0;
     for (int64_t n : ns) {
-      for (int w = 0; w < 2; ++w) pass(layers, output, a, n);
+      for (int w = 0; w < 2; ++w) pass(m.layers, m.output, m.a, n);
       std::vector<double> t;
-      for (int r = 0; r < 10; ++r) t.push_back(time_ms([&] { pass(layers, output, a, n); }));
+      for (int r = 0; r < 10; ++r) t.push_back(timer.ms([&] { pass(m.layers, m.output, m.a, n); }));
       const double ms = median(t);
       if (n == 1) ms1 = ms;
       report("stream", n, ms, ms1);
@@ -265,28 +328,130 @@ void run_type(GgmlType type, bool graph, int n_layers, bool legacy, double bw) {
     if (graph) {
       double g1 = 0.0;
       for (int64_t n : ns) {
-        cudaGraph_t g = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        pass(layers, output, a, n);
-        CUDA_CHECK(cudaStreamEndCapture(s, &g));
-        CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-        for (int w = 0; w < 2; ++w) CUDA_CHECK(cudaGraphLaunch(exec, s));
-        std::vector<double> t;
-        for (int r = 0; r < 10; ++r) {
-          t.push_back(time_ms([&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); }));
-        }
-        const double ms = median(t);
+        const double ms = graph_ms(m, timer, n);
         if (n == 1) g1 = ms;
         report("graph", n, ms, g1);
-        CUDA_CHECK(cudaGraphExecDestroy(exec));
-        CUDA_CHECK(cudaGraphDestroy(g));
       }
     }
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
     cuda::synchronize();
   }
+}
+
+// ---- --sweep: every variant of the int8 matmul ---------------------------------------------------
+
+struct SweepConfig {
+  const char* kind;  // "dispatch", "gemv", "mma"
+  int variant;
+  bool early;
+};
+
+struct SweepResult {
+  SweepConfig c;
+  int64_t n;
+  double ms;
+};
+
+void run_sweep(GgmlType type, int n_layers, double bw) {
+  namespace d = cuda::detail;
+  cuda::set_matmul_legacy(false);
+  const int64_t default_max_n = d::q32_set_gemv_max_n(2);
+  d::q32_set_gemv_max_n(default_max_n);
+  // The configurations: the shipped dispatch (also with the early PDL triggers), every GEMV and
+  // mma variant, and the early triggers with a few of them.
+  std::vector<SweepConfig> configs;
+  configs.push_back({"dispatch", 0, false});
+  configs.push_back({"dispatch", 0, true});
+  for (int v = 0; v < d::q32_variant_count(0); ++v) configs.push_back({"gemv", v, false});
+  for (int v = 0; v < d::q32_variant_count(1); ++v) configs.push_back({"mma", v, false});
+  auto find = [&](int kind, const char* name) {
+    for (int v = 0; v < d::q32_variant_count(kind); ++v) {
+      if (std::strcmp(d::q32_variant_name(kind, v), name) == 0) return v;
+    }
+    return -1;
+  };
+  for (const char* name : {"default", "r1s4", "r1s8", "r2s3", "r1s6w8"}) {
+    const int v = find(0, name);
+    if (v >= 0) configs.push_back({"gemv", v, true});
+  }
+  for (const char* name : {"fast", "fast_pdl", "g2s4f_pdl", "g2s3f_t8_pdl"}) {
+    const int v = find(1, name);
+    if (v >= 0) configs.push_back({"mma", v, true});
+  }
+
+  Model m;
+  build_model(type, n_layers, &m);
+  Timer timer;
+  const char* tname = ggml_type_traits(type).name;
+  const int64_t ns[] = {1, 2, 4, 8, 16};
+  std::vector<SweepResult> results;
+  double default_ms[17] = {};
+  for (const SweepConfig& c : configs) {
+    const bool gemv = std::strcmp(c.kind, "gemv") == 0;
+    const bool mma = std::strcmp(c.kind, "mma") == 0;
+    d::q32_set_gemv_max_n(gemv ? 16 : (mma ? 0 : default_max_n));
+    d::q32_set_variant(0, gemv ? c.variant : 0);
+    d::q32_set_variant(1, mma ? c.variant : 0);
+    d::q32_set_pdl_early(c.early);
+    const char* vname = d::q32_variant_name(gemv ? 0 : 1, c.variant);
+    for (int64_t n : ns) {
+      double ms = 0.0;
+      try {
+        ms = graph_ms(m, timer, n);
+      } catch (const Error& e) {
+        std::printf("{\"sweep\": 1, \"type\": \"%s\", \"kind\": \"%s\", \"variant\": \"%s\", "
+                    "\"pdl_early\": %d, \"n\": %lld, \"error\": \"%s\"}\n",
+                    tname, c.kind, vname, c.early ? 1 : 0, static_cast<long long>(n), e.what());
+        std::fflush(stdout);
+        (void)cudaGetLastError();
+        continue;
+      }
+      if (std::strcmp(c.kind, "dispatch") == 0 && !c.early) default_ms[n] = ms;
+      results.push_back({c, n, ms});
+      const double gbs = static_cast<double>(m.weight_bytes) / (ms * 1e-3) / 1e9;
+      std::printf("{\"sweep\": 1, \"type\": \"%s\", \"kind\": \"%s\", \"variant\": \"%s\", "
+                  "\"pdl_early\": %d, \"n\": %lld, \"ms\": %.4f, \"achieved_gbs\": %.1f, "
+                  "\"fraction_of_measured_bw\": %.3f, \"vs_default\": %.3f}\n",
+                  tname, c.kind, vname, c.early ? 1 : 0, static_cast<long long>(n), ms, gbs,
+                  gbs / bw, default_ms[n] > 0.0 ? ms / default_ms[n] : 0.0);
+      std::fflush(stdout);
+    }
+  }
+  d::q32_set_gemv_max_n(default_max_n);
+  d::q32_set_variant(0, 0);
+  d::q32_set_variant(1, 0);
+  d::q32_set_pdl_early(false);
+
+  // The best configuration per n: overall, GEMV only, mma only.
+  for (int64_t n : ns) {
+    for (const char* which : {"any", "gemv", "mma"}) {
+      const SweepResult* best = nullptr;
+      for (const SweepResult& r : results) {
+        if (r.n != n) continue;
+        if (std::strcmp(which, "any") != 0 && std::strcmp(r.c.kind, which) != 0) continue;
+        if (best == nullptr || r.ms < best->ms) best = &r;
+      }
+      if (best == nullptr) continue;
+      const bool gemv = std::strcmp(best->c.kind, "gemv") == 0;
+      const bool mma = std::strcmp(best->c.kind, "mma") == 0;
+      const char* vname = d::q32_variant_name(gemv ? 0 : 1, best->c.variant);
+      const double gbs = static_cast<double>(m.weight_bytes) / (best->ms * 1e-3) / 1e9;
+      char env[256];
+      std::snprintf(env, sizeof env,
+                    "SPECDEC_CUDA_GEMV_MAX_N=%d SPECDEC_CUDA_GEMV_VARIANT=%s "
+                    "SPECDEC_CUDA_MMA_VARIANT=%s SPECDEC_CUDA_PDL_EARLY=%d",
+                    gemv ? 16 : (mma ? 0 : static_cast<int>(default_max_n)),
+                    gemv ? vname : "default", mma ? vname : "default", best->c.early ? 1 : 0);
+      std::printf("{\"best\": 1, \"type\": \"%s\", \"n\": %lld, \"among\": \"%s\", \"kind\": "
+                  "\"%s\", \"variant\": \"%s\", \"pdl_early\": %d, \"ms\": %.4f, "
+                  "\"fraction_of_measured_bw\": %.3f, \"default_ms\": %.4f, \"vs_default\": %.3f, "
+                  "\"env\": \"%s\"}\n",
+                  tname, static_cast<long long>(n), which, best->c.kind, vname,
+                  best->c.early ? 1 : 0, best->ms, gbs / bw, default_ms[n],
+                  default_ms[n] > 0.0 ? best->ms / default_ms[n] : 0.0, env);
+    }
+  }
+  std::fflush(stdout);
+  cuda::synchronize();
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -307,11 +472,16 @@ int main(int argc, char** argv) {
   bool graph = false;
   bool ab = false;
   bool legacy_only = false;
+  bool sweep = false;
+  bool types_given = false;
   int n_layers = 32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--type" || a == "--types") && i + 1 < argc) {
       type_names = split(argv[++i]);
+      types_given = true;
+    } else if (a == "--sweep") {
+      sweep = true;
     } else if (a == "--all") {
       type_names = {"Q8_0", "Q4_1", "F16"};
       graph = true;
@@ -327,7 +497,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_cuda_shapes [--type Q8_0|F16|Q4_1|...] [--types Q8_0,Q4_1,F16] "
                    "[--all (= --types Q8_0,Q4_1,F16 --graph)] [--graph] [--ab (also the legacy "
-                   "kernel)] [--legacy (only the legacy kernel)] [--layers 32]\n");
+                   "kernel)] [--legacy (only the legacy kernel)] [--layers 32]\n"
+                   "       bench_cuda_shapes --sweep [--types Q8_0,Q4_1] [--layers 32]\n");
       return 2;
     }
   }
@@ -335,6 +506,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_cuda_shapes: no CUDA device\n");
     return 1;
   }
+  if (sweep && !types_given) type_names = {"Q8_0", "Q4_1"};
   std::vector<GgmlType> types;
   for (const std::string& t : type_names) types.push_back(parse_type(t));
   try {
@@ -346,6 +518,10 @@ int main(int argc, char** argv) {
                 static_cast<double>(info.total_bytes) / (1 << 30), bw);
     std::fflush(stdout);
     for (GgmlType type : types) {
+      if (sweep) {
+        run_sweep(type, n_layers, bw);
+        continue;
+      }
       if (!legacy_only) run_type(type, graph, n_layers, false, bw);
       if (ab || legacy_only) run_type(type, graph, n_layers, true, bw);
     }

@@ -15,12 +15,15 @@
 //   (g) CUDA graphs: a fixed script of passes (batch composition changing, trees, chains, two
 //       pools, after the matmul scratch and the model's buffers grew) gives bitwise the same
 //       logits with graphs on and off, and the engine with graphs on equals solo decoding.
+//   (h) the fused kernels and stacked matrices (the default) against the separate ops
+//       (SPECDEC_CUDA_FUSE=0): the (g) script's logits, every dumped intermediate - bitwise.
 // Every test skips itself where no CUDA device answers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -908,7 +911,9 @@ void grow_matmul_scratch() {
 //   advancing: rejected) | matmul scratch grows | 5 x decode A | a 300-token prefill in another
 //   cache (the model's buffers grow) | 6 x decode A + B | 2 x decode A + tree on B | 4 x decode A
 //   + C (two pools) | 3 x a chain of 5 on A, every row out (not advancing).
-std::vector<float> graph_script(Model& model, KvType type) {
+// grow_scratch false: no growth of the matmul scratch (it doubles at every call: callers that run
+// the script many times in one process).
+std::vector<float> graph_script(Model& model, KvType type, bool grow_scratch = true) {
   const ModelConfig& c = model.config();
   std::mt19937 gen(17);
   std::uniform_int_distribution<int32_t> token(3, c.n_vocab - 1);
@@ -979,7 +984,7 @@ std::vector<float> graph_script(Model& model, KvType type) {
   for (int i = 0; i < 24; ++i, ++past_a, ++past_b) run({chain(a(), 1), chain(b(), 1)});
   for (int i = 0; i < 14; ++i, ++past_a) run({chain(a(), 1)});
   for (int i = 0; i < 3; ++i) run({tree(b())});
-  grow_matmul_scratch();
+  if (grow_scratch) grow_matmul_scratch();
   for (int i = 0; i < 5; ++i, ++past_a) run({chain(a(), 1)});
   {
     KvCache big = model.make_kv_cache(320, type);
@@ -1057,6 +1062,139 @@ TEST(CudaGraphs, EngineEqualsSoloWithGraphs) {
   const cuda::GraphStats s1 = cuda::graph_stats();
   EXPECT_GT(s1.replays, s0.replays);
   EXPECT_EQ(s1.failed, s0.failed);
+}
+
+// ---- (h) fused kernels and stacked matrices ------------------------------------------------------
+//
+// The forward pass fuses the residual add with the next norm, rope of q and k with the K/V
+// writes, and multiplies q|k|v and gate|up as stacked matrices (SPECDEC_CUDA_FUSE, default on;
+// SPECDEC_CUDA_STACK limits the stacking, as files with mixed types get it). Every variant must
+// give the bits of the separate ops (SPECDEC_CUDA_FUSE=0).
+
+// Sets an environment variable for a scope (nullptr: unset).
+class EnvSwitch {
+ public:
+  EnvSwitch(const char* name, const char* value) : name_(name) {
+    const char* was = std::getenv(name);
+    had_ = was != nullptr;
+    if (had_) was_ = was;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~EnvSwitch() {
+    if (had_) {
+      setenv(name_, was_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  EnvSwitch(const EnvSwitch&) = delete;
+  EnvSwitch& operator=(const EnvSwitch&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string was_;
+};
+
+std::unique_ptr<Model> load_gpu_with(const std::string& path, const char* fuse, const char* stack) {
+  EnvSwitch f("SPECDEC_CUDA_FUSE", fuse);
+  EnvSwitch st("SPECDEC_CUDA_STACK", stack);
+  return load_gpu(path);
+}
+
+void check_fused_bitwise(const std::string& path, const char* name) {
+  struct Variant {
+    const char* fuse;
+    const char* stack;
+    const char* label;
+  };
+  const Variant variants[] = {{"1", nullptr, "fused, q|k|v and gate|up stacked"},
+                              {"1", "2", "fused, q|k + v, gate|up"},
+                              {"1", "1", "fused, nothing stacked"}};
+  std::vector<float> ref;
+  {
+    GraphsSwitch sw(false);
+    auto model = load_gpu_with(path, "0", nullptr);
+    ref = graph_script(*model, KvType::kF16, false);
+  }
+  for (const Variant& v : variants) {
+    for (bool graphs : {false, true}) {
+      GraphsSwitch sw(graphs);
+      auto model = load_gpu_with(path, v.fuse, v.stack);
+      const std::vector<float> got = graph_script(*model, KvType::kF16, false);
+      ASSERT_EQ(got.size(), ref.size()) << name << ": " << v.label;
+      const int64_t e = first_difference(got.data(), ref.data(), static_cast<int64_t>(got.size()));
+      EXPECT_EQ(e, -1) << name << ": " << v.label << (graphs ? ", graphs" : "")
+                       << ": logits differ from the separate ops first at element " << e;
+    }
+  }
+  // The F32 cache (the fused K/V write's other type), default variant.
+  {
+    GraphsSwitch sw(false);
+    auto sep = load_gpu_with(path, "0", nullptr);
+    auto fused = load_gpu_with(path, nullptr, nullptr);
+    const std::vector<float> a = graph_script(*sep, KvType::kF32, false);
+    const std::vector<float> b = graph_script(*fused, KvType::kF32, false);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(first_difference(a.data(), b.data(), static_cast<int64_t>(a.size())), -1)
+        << name << ": F32 cache";
+  }
+  // Every dumped intermediate (the fused pass's dump path: rope_qkv, then kv_write), a prefill
+  // then two decode steps.
+  struct Dumped {
+    std::string name;
+    int layer;
+    std::vector<float> data;
+  };
+  auto dumps_of = [&](Model& model, std::vector<float>* logits) {
+    std::vector<Dumped> d;
+    model.set_dump([&d](const char* nm, int layer, const float* data, int64_t rows, int64_t cols) {
+      d.push_back({nm, layer, std::vector<float>(data, data + rows * cols)});
+    });
+    KvCache kv = model.make_kv_cache(32, KvType::kF16);
+    for (const std::vector<int32_t>& toks :
+         {std::vector<int32_t>{1, 5, 9, 13, 17, 21, 25}, std::vector<int32_t>{7},
+          std::vector<int32_t>{8}}) {
+      const std::vector<float> l = run_chain(model, kv, toks);
+      logits->insert(logits->end(), l.begin(), l.end());
+      kv.append(static_cast<int64_t>(toks.size()));
+    }
+    model.set_dump(nullptr);
+    return d;
+  };
+  auto sep = load_gpu_with(path, "0", nullptr);
+  auto fused = load_gpu_with(path, nullptr, nullptr);
+  std::vector<float> la, lb;
+  const std::vector<Dumped> da = dumps_of(*sep, &la);
+  const std::vector<Dumped> db = dumps_of(*fused, &lb);
+  ASSERT_EQ(da.size(), db.size()) << name << ": dump count";
+  for (size_t i = 0; i < da.size(); ++i) {
+    ASSERT_EQ(da[i].name, db[i].name) << name << ": dump " << i;
+    ASSERT_EQ(da[i].layer, db[i].layer) << name << ": dump " << i;
+    ASSERT_EQ(da[i].data.size(), db[i].data.size()) << name << ": " << da[i].name;
+    EXPECT_EQ(first_difference(da[i].data.data(), db[i].data.data(),
+                               static_cast<int64_t>(da[i].data.size())),
+              -1)
+        << name << ": dump " << da[i].name << " layer " << da[i].layer;
+  }
+  ASSERT_EQ(la.size(), lb.size());
+  EXPECT_EQ(first_difference(la.data(), lb.data(), static_cast<int64_t>(la.size())), -1)
+      << name << ": logits with dumps";
+}
+
+TEST(CudaFusion, FusedEqualsSeparateOpsStories260K) {
+  SKIP_WITHOUT_GPU();
+  check_fused_bitwise(test::tiny_model("stories260K.gguf"), "stories260K");
+}
+
+TEST(CudaFusion, FusedEqualsSeparateOpsSmolLM2) {
+  SKIP_WITHOUT_GPU();
+  if (!have_smollm2()) GTEST_SKIP() << "default model missing at " << test::default_model_path();
+  check_fused_bitwise(test::default_model_path(), "SmolLM2");
 }
 
 }  // namespace

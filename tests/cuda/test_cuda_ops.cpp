@@ -365,6 +365,12 @@ namespace cuda::detail {
 // cuda_matmul_q32.cu: the largest n that takes the GEMV kernel (0: every n takes the mma kernel);
 // returns the previous value.
 int64_t q32_set_gemv_max_n(int64_t n);
+// The kernel variants (kind 0: GEMV, 1: mma; 0 = the default) and the early PDL triggers; the
+// setters return the previous value.
+int q32_variant_count(int kind);
+const char* q32_variant_name(int kind, int i);
+int q32_set_variant(int kind, int i);
+bool q32_set_pdl_early(bool on);
 }  // namespace cuda::detail
 namespace {
 
@@ -429,6 +435,123 @@ TEST(CudaOps, MatmulGemvAndMmaBitwiseEqual) {
         const std::vector<float> y = from_device<float>(d_y.data(), static_cast<size_t>(11 * rows));
         const int64_t diff = first_bit_difference(y.data(), one.data() + 5 * rows, 11 * rows);
         ASSERT_EQ(diff, -1) << "offset batch: token " << 5 + diff / rows << " row " << diff % rows;
+      }
+    }
+  }
+}
+
+// Every kernel variant of the int8 matmul (bench_cuda_shapes --sweep picks among them) gives
+// bitwise the default's results: each token alone through the default GEMV against batches of
+// 1 .. 33 tokens through every GEMV variant (all n on the GEMV) and every mma variant (all n on the
+// mma kernel), with and without the early PDL triggers; rows that leave partial row groups,
+// partial last steps, long rows. Q8_0 and Q4_1 have the variants; Q4_0 checks that the other types
+// ignore the selection.
+TEST(CudaOps, MatmulEveryVariantBitwiseEqual) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  namespace d = cuda::detail;
+  struct Restore {
+    int64_t max_n = d::q32_set_gemv_max_n(2);
+    int gemv = d::q32_set_variant(0, 0);
+    int mma = d::q32_set_variant(1, 0);
+    bool early = d::q32_set_pdl_early(false);
+    ~Restore() {
+      d::q32_set_gemv_max_n(max_n);
+      d::q32_set_variant(0, gemv);
+      d::q32_set_variant(1, mma);
+      d::q32_set_pdl_early(early);
+    }
+  } restore;
+  ASSERT_STREQ(d::q32_variant_name(0, 0), "default");
+  ASSERT_STREQ(d::q32_variant_name(1, 0), "default");
+  const GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_1, GgmlType::kQ4_0};
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape kShapes[] = {{37, 576}, {70, 1056}, {1030, 4096}, {4096, 14336}};
+  const int64_t kNs[] = {1, 2, 3, 5, 8, 9, 12, 16, 17, 33};
+  for (GgmlType type : kTypes) {
+    for (const Shape& sh : kShapes) {
+      const int64_t rows = sh.rows, cols = sh.cols;
+      SCOPED_TRACE(std::string(type_name(type)) + " rows " + std::to_string(rows) + " cols " +
+                   std::to_string(cols));
+      const HostWeights w =
+          make_weights(type, rows, cols, 23 + static_cast<uint32_t>(rows * 5 + cols));
+      DeviceWeights dw = upload_weights(w);
+      std::mt19937 rng(static_cast<uint32_t>(rows * 3 + cols));
+      const int64_t n_max = 33;
+      std::vector<float> x = random_floats(rng, n_max * cols, -2.0f, 2.0f);
+      for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>(3 * cols + k)] *= 1e-4f;
+      for (int64_t k = 0; k < 64; ++k) x[static_cast<size_t>(6 * cols + k)] = 0.0f;
+      cuda::DeviceBuffer d_x = to_device(x);
+      // The reference: the default GEMV, one token at a time.
+      d::q32_set_gemv_max_n(2);
+      d::q32_set_variant(0, 0);
+      d::q32_set_variant(1, 0);
+      d::q32_set_pdl_early(false);
+      cuda::DeviceBuffer d_one(static_cast<size_t>(n_max * rows) * 4);
+      for (int64_t t = 0; t < n_max; ++t) {
+        cuda::matmul(dw.m, d_x.as<float>() + t * cols, 1, d_one.as<float>() + t * rows);
+      }
+      const std::vector<float> one =
+          from_device<float>(d_one.data(), static_cast<size_t>(n_max * rows));
+      cuda::DeviceBuffer d_y(static_cast<size_t>(n_max * rows) * 4);
+      for (int kind = 0; kind < 2; ++kind) {
+        for (int v = 0; v < d::q32_variant_count(kind); ++v) {
+          for (bool early : {false, true}) {
+            d::q32_set_gemv_max_n(kind == 0 ? 16 : 0);
+            d::q32_set_variant(0, kind == 0 ? v : 0);
+            d::q32_set_variant(1, kind == 1 ? v : 0);
+            d::q32_set_pdl_early(early);
+            for (int64_t n : kNs) {
+              cuda::zero(d_y.data(), d_y.bytes());
+              cuda::matmul(dw.m, d_x.as<float>(), n, d_y.as<float>());
+              const std::vector<float> y =
+                  from_device<float>(d_y.data(), static_cast<size_t>(n * rows));
+              const int64_t diff = first_bit_difference(y.data(), one.data(), n * rows);
+              ASSERT_EQ(diff, -1) << (kind == 0 ? "gemv" : "mma") << " variant "
+                                  << d::q32_variant_name(kind, v) << " early " << early << ", n "
+                                  << n << ": token " << diff / rows << " row " << diff % rows
+                                  << " got " << y[diff] << " alone " << one[diff];
+            }
+          }
+        }
+      }
+    }
+    // Chains of dependent matmuls queued back to back (the early triggers and the programmatic
+    // launches overlap consecutive kernels): y1 = W x, y2 = W y1, y3 = W y2 (W square), against
+    // the default.
+    SCOPED_TRACE(std::string(type_name(type)) + " chain");
+    const int64_t dim = 1024;
+    const HostWeights w = make_weights(type, dim, dim, 99);
+    DeviceWeights dw = upload_weights(w);
+    std::mt19937 rng(4321);
+    const std::vector<float> x = random_floats(rng, 16 * dim, -2.0f, 2.0f);
+    cuda::DeviceBuffer d_x = to_device(x);
+    cuda::DeviceBuffer d_a(static_cast<size_t>(16 * dim) * 4), d_b(static_cast<size_t>(16 * dim) * 4);
+    auto chain = [&](int64_t n) {
+      cuda::matmul(dw.m, d_x.as<float>(), n, d_a.as<float>());
+      cuda::matmul(dw.m, d_a.as<float>(), n, d_b.as<float>());
+      cuda::matmul(dw.m, d_b.as<float>(), n, d_a.as<float>());
+      return from_device<float>(d_a.data(), static_cast<size_t>(n * dim));
+    };
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{16}}) {
+      d::q32_set_gemv_max_n(2);
+      d::q32_set_variant(0, 0);
+      d::q32_set_variant(1, 0);
+      d::q32_set_pdl_early(false);
+      const std::vector<float> ref = chain(n);
+      for (int kind = 0; kind < 2; ++kind) {
+        for (int v = 0; v < d::q32_variant_count(kind); ++v) {
+          d::q32_set_gemv_max_n(kind == 0 ? 16 : 0);
+          d::q32_set_variant(0, kind == 0 ? v : 0);
+          d::q32_set_variant(1, kind == 1 ? v : 0);
+          d::q32_set_pdl_early(true);
+          const std::vector<float> y = chain(n);
+          const int64_t diff = first_bit_difference(y.data(), ref.data(), n * dim);
+          ASSERT_EQ(diff, -1) << (kind == 0 ? "gemv" : "mma") << " variant "
+                              << d::q32_variant_name(kind, v) << ", n " << n << ": token "
+                              << diff / dim << " row " << diff % dim;
+        }
       }
     }
   }
@@ -875,6 +998,250 @@ TEST(CudaOps, DeviceInfoAndBandwidth) {
   cuda::zero(b.data(), 64);
   const std::vector<uint8_t> z = from_device<uint8_t>(b.data(), 64);
   for (uint8_t x : z) EXPECT_EQ(x, 0);
+}
+
+// ---- fused ops (the forward pass's fewer launches): bitwise the separate ops -----------------------
+
+// A matmul on matrices stacked by rows (the model's q|k|v and gate|up) gives every output row the
+// bits of the matmul on its own matrix: every weight type, the fast and the legacy kernels, the
+// GEMV and the tensor-core sizes of n, and part boundaries that leave the second matrix's rows at
+// an offset that is not 16-byte aligned.
+TEST(CudaFused, StackedMatmulBitwiseEqualsSeparate) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  const GgmlType types[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
+                            GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                            GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+  const bool was_legacy = cuda::matmul_legacy();
+  for (GgmlType type : types) {
+    const int64_t cols = cols_for(type)[1];  // 576 / 768
+    // {q, k, v}-like parts; 37 rows: the next part starts at an unaligned byte offset.
+    for (const std::vector<int64_t>& parts :
+         {std::vector<int64_t>{37, 24, 24}, std::vector<int64_t>{64, 64}}) {
+      std::vector<HostWeights> ws;
+      std::vector<uint8_t> stacked_bytes;
+      int64_t total_rows = 0;
+      for (size_t j = 0; j < parts.size(); ++j) {
+        ws.push_back(make_weights(type, parts[j], cols, static_cast<uint32_t>(100 + j)));
+        stacked_bytes.insert(stacked_bytes.end(), ws.back().data.begin(), ws.back().data.end());
+        total_rows += parts[j];
+      }
+      HostWeights st{type, total_rows, cols, ggml_row_bytes(type, cols), stacked_bytes};
+      DeviceWeights d_st = upload_weights(st);
+      std::vector<DeviceWeights> d_ws;
+      for (const HostWeights& w : ws) d_ws.push_back(upload_weights(w));
+      std::mt19937 rng(static_cast<uint32_t>(cols + parts.size()));
+      for (bool legacy : {false, true}) {
+        cuda::set_matmul_legacy(legacy);
+        for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, int64_t{17}, int64_t{33}}) {
+          SCOPED_TRACE(std::string(type_name(type)) + " parts " + std::to_string(parts.size()) +
+                       (legacy ? " legacy" : "") + " n " + std::to_string(n));
+          const std::vector<float> x = random_floats(rng, n * cols, -2.0f, 2.0f);
+          cuda::DeviceBuffer d_x = to_device(x);
+          cuda::DeviceBuffer d_y(static_cast<size_t>(n * total_rows) * 4);
+          cuda::matmul(d_st.m, d_x.as<float>(), n, d_y.as<float>());
+          const std::vector<float> y = from_device<float>(d_y.data(), static_cast<size_t>(n * total_rows));
+          int64_t col0 = 0;
+          for (size_t j = 0; j < parts.size(); ++j) {
+            cuda::DeviceBuffer d_yj(static_cast<size_t>(n * parts[j]) * 4);
+            cuda::matmul(d_ws[j].m, d_x.as<float>(), n, d_yj.as<float>());
+            const std::vector<float> yj =
+                from_device<float>(d_yj.data(), static_cast<size_t>(n * parts[j]));
+            for (int64_t t = 0; t < n; ++t) {
+              ASSERT_EQ(first_bit_difference(y.data() + t * total_rows + col0,
+                                             yj.data() + t * parts[j], parts[j]),
+                        -1)
+                  << "part " << j << " token " << t;
+            }
+            col0 += parts[j];
+          }
+        }
+      }
+    }
+  }
+  cuda::set_matmul_legacy(was_legacy);
+  // SmolLM2's attention shape in Q8_0: q|k|v = 576 + 192 + 192 rows of 576.
+  {
+    const int64_t cols = 576;
+    const int64_t rows[3] = {576, 192, 192};
+    std::vector<HostWeights> ws;
+    std::vector<uint8_t> bytes;
+    for (int j = 0; j < 3; ++j) {
+      ws.push_back(make_weights(GgmlType::kQ8_0, rows[j], cols, static_cast<uint32_t>(7 + j)));
+      bytes.insert(bytes.end(), ws.back().data.begin(), ws.back().data.end());
+    }
+    HostWeights st{GgmlType::kQ8_0, 960, cols, ggml_row_bytes(GgmlType::kQ8_0, cols), bytes};
+    DeviceWeights d_st = upload_weights(st);
+    std::mt19937 rng(3);
+    for (int64_t n : {int64_t{1}, int64_t{4}, int64_t{16}}) {
+      const std::vector<float> x = random_floats(rng, n * cols, -2.0f, 2.0f);
+      cuda::DeviceBuffer d_x = to_device(x), d_y(static_cast<size_t>(n * 960) * 4);
+      cuda::matmul(d_st.m, d_x.as<float>(), n, d_y.as<float>());
+      const std::vector<float> y = from_device<float>(d_y.data(), static_cast<size_t>(n * 960));
+      int64_t col0 = 0;
+      for (int j = 0; j < 3; ++j) {
+        DeviceWeights dj = upload_weights(ws[static_cast<size_t>(j)]);
+        cuda::DeviceBuffer d_yj(static_cast<size_t>(n * rows[j]) * 4);
+        cuda::matmul(dj.m, d_x.as<float>(), n, d_yj.as<float>());
+        const std::vector<float> yj = from_device<float>(d_yj.data(), static_cast<size_t>(n * rows[j]));
+        for (int64_t t = 0; t < n; ++t) {
+          ASSERT_EQ(first_bit_difference(y.data() + t * 960 + col0, yj.data() + t * rows[j], rows[j]),
+                    -1)
+              << "SmolLM2 shape, n " << n << " part " << j << " token " << t;
+        }
+        col0 += rows[j];
+      }
+    }
+  }
+}
+
+// add_rmsnorm == add then rmsnorm, bitwise (x updated and the normed output), with tiny and
+// large rows, dims below / above / not a multiple of the 256 threads.
+TEST(CudaFused, AddRmsnormBitwiseEqualsAddThenRmsnorm) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t dim : {int64_t{576}, int64_t{64}, int64_t{1000}, int64_t{4096}}) {
+    for (int64_t n_rows : {int64_t{1}, int64_t{7}}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(n_rows));
+      std::mt19937 rng(static_cast<uint32_t>(dim * 3 + n_rows));
+      std::vector<float> x = random_floats(rng, n_rows * dim, -3.0f, 3.0f);
+      const std::vector<float> y = random_floats(rng, n_rows * dim, -1.0f, 1.0f);
+      if (n_rows > 1) {
+        for (int64_t i = 0; i < dim; ++i) x[static_cast<size_t>(dim + i)] *= 1e-20f;  // tiny row
+      }
+      const std::vector<float> wt = random_floats(rng, dim, 0.5f, 1.5f);
+      cuda::DeviceBuffer d_w = to_device(wt), d_y = to_device(y);
+      // Separate.
+      cuda::DeviceBuffer d_x1 = to_device(x), d_o1(x.size() * 4);
+      cuda::add(d_x1.as<float>(), d_y.as<float>(), n_rows * dim);
+      cuda::rmsnorm(d_x1.as<float>(), d_w.as<float>(), 1e-5f, n_rows, dim, d_o1.as<float>());
+      // Fused.
+      cuda::DeviceBuffer d_x2 = to_device(x), d_o2(x.size() * 4);
+      cuda::add_rmsnorm(d_x2.as<float>(), d_y.as<float>(), d_w.as<float>(), 1e-5f, n_rows, dim,
+                        d_o2.as<float>());
+      const std::vector<float> x1 = from_device<float>(d_x1.data(), x.size());
+      const std::vector<float> x2 = from_device<float>(d_x2.data(), x.size());
+      const std::vector<float> o1 = from_device<float>(d_o1.data(), x.size());
+      const std::vector<float> o2 = from_device<float>(d_o2.data(), x.size());
+      ASSERT_EQ(std::memcmp(x1.data(), x2.data(), x.size() * 4), 0) << "x after the add";
+      ASSERT_EQ(std::memcmp(o1.data(), o2.data(), x.size() * 4), 0) << "normed output";
+    }
+  }
+  // out aliasing x is refused.
+  cuda::DeviceBuffer b(64 * 4);
+  EXPECT_THROW(cuda::add_rmsnorm(b.as<float>(), b.as<float>(), b.as<float>(), 1e-5f, 1, 64,
+                                 b.as<float>()),
+               Error);
+}
+
+// rope_qkv == rope(q), rope(k), v copied; rope_qkv_kv_write == rope(q), rope(k), kv_write(k, v):
+// bitwise, from a stacked [n, q_dim + 2 kv_dim] source and from three separate buffers, both
+// styles, partial rope_dim, f16 and f32 caches (untouched slots stay untouched).
+TEST(CudaFused, RopeQkvBitwiseEqualsRopeAndKvWrite) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int n_heads, n_kv, head_dim, rope_dim;
+    float base, scale;
+  };
+  const Case cases[] = {{9, 3, 64, 64, 100000.0f, 1.0f},   // SmolLM2-135M
+                        {8, 2, 128, 128, 500000.0f, 1.0f},
+                        {4, 4, 64, 32, 10000.0f, 0.25f},   // partial rope, no GQA
+                        {6, 1, 8, 8, 10000.0f, 1.0f}};
+  for (const Case& c : cases) {
+    for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
+      for (KvType type : {KvType::kF16, KvType::kF32}) {
+        for (bool stacked : {true, false}) {
+          SCOPED_TRACE("heads " + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv) +
+                       " hd " + std::to_string(c.head_dim) + " rope " +
+                       std::to_string(c.rope_dim) + (style == RopeStyle::kNorm ? " norm " : " neox ") +
+                       kv_type_name(type) + (stacked ? " stacked" : " separate"));
+          const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+          const int64_t kv_dim = static_cast<int64_t>(c.n_kv) * c.head_dim;
+          const std::vector<int32_t> pos = {0, 1, 2, 17, 100, 511, 1000, 4095, 30000, 5, 6};
+          const auto n = static_cast<int64_t>(pos.size());
+          const std::vector<int64_t> phys = {3, 50, 17, 95, 0, 1, 2, 60, 61, 40, 33};
+          std::mt19937 rng(static_cast<uint32_t>(c.head_dim + c.n_heads));
+          const std::vector<float> qh = random_floats(rng, n * q_dim, -2.0f, 2.0f);
+          const std::vector<float> kh = random_floats(rng, n * kv_dim, -2.0f, 2.0f);
+          const std::vector<float> vh = random_floats(rng, n * kv_dim, -2.0f, 2.0f);
+          // The sources.
+          cuda::DeviceBuffer d_src;
+          cuda::QkvSource src;
+          cuda::DeviceBuffer d_qs, d_ks, d_vs;
+          if (stacked) {
+            const int64_t w = q_dim + 2 * kv_dim;
+            std::vector<float> all(static_cast<size_t>(n * w));
+            for (int64_t t = 0; t < n; ++t) {
+              std::copy_n(qh.begin() + t * q_dim, q_dim, all.begin() + t * w);
+              std::copy_n(kh.begin() + t * kv_dim, kv_dim, all.begin() + t * w + q_dim);
+              std::copy_n(vh.begin() + t * kv_dim, kv_dim, all.begin() + t * w + q_dim + kv_dim);
+            }
+            d_src = to_device(all);
+            src = {d_src.as<float>(), w, d_src.as<float>() + q_dim, w,
+                   d_src.as<float>() + q_dim + kv_dim, w};
+          } else {
+            d_qs = to_device(qh);
+            d_ks = to_device(kh);
+            d_vs = to_device(vh);
+            src = {d_qs.as<float>(), q_dim, d_ks.as<float>(), kv_dim, d_vs.as<float>(), kv_dim};
+          }
+          cuda::DeviceBuffer d_pos = to_device(pos), d_phys = to_device(phys);
+          // Separate ops.
+          cuda::DeviceBuffer r_q = to_device(qh), r_k = to_device(kh), r_v = to_device(vh);
+          cuda::rope(r_q.as<float>(), d_pos.as<int32_t>(), n, c.n_heads, c.head_dim, c.rope_dim,
+                     c.base, c.scale, style);
+          cuda::rope(r_k.as<float>(), d_pos.as<int32_t>(), n, c.n_kv, c.head_dim, c.rope_dim,
+                     c.base, c.scale, style);
+          const std::vector<float> ref_q = from_device<float>(r_q.data(), qh.size());
+          const std::vector<float> ref_k = from_device<float>(r_k.data(), kh.size());
+          // rope_qkv.
+          cuda::DeviceBuffer o_q(qh.size() * 4), o_k(kh.size() * 4), o_v(vh.size() * 4);
+          cuda::rope_qkv(src, d_pos.as<int32_t>(), n, c.n_heads, c.n_kv, c.head_dim, c.rope_dim,
+                         c.base, c.scale, style, o_q.as<float>(), o_k.as<float>(),
+                         o_v.as<float>());
+          const std::vector<float> got_q = from_device<float>(o_q.data(), qh.size());
+          const std::vector<float> got_k = from_device<float>(o_k.data(), kh.size());
+          const std::vector<float> got_v = from_device<float>(o_v.data(), vh.size());
+          ASSERT_EQ(std::memcmp(got_q.data(), ref_q.data(), qh.size() * 4), 0) << "rope_qkv q";
+          ASSERT_EQ(std::memcmp(got_k.data(), ref_k.data(), kh.size() * 4), 0) << "rope_qkv k";
+          ASSERT_EQ(std::memcmp(got_v.data(), vh.data(), vh.size() * 4), 0) << "rope_qkv v";
+          // rope_qkv_kv_write against kv_write of the rotated k and v, in two pools with the
+          // same initial bytes.
+          const int64_t bs = 16, slots = 96;
+          const size_t pool_bytes = static_cast<size_t>(slots * kv_dim) * kv_type_bytes(type);
+          std::vector<uint8_t> init(pool_bytes);
+          for (size_t i = 0; i < pool_bytes; ++i) init[i] = static_cast<uint8_t>(i * 37 + 11);
+          cuda::DeviceBuffer k1(pool_bytes), v1(pool_bytes), k2(pool_bytes), v2(pool_bytes);
+          for (cuda::DeviceBuffer* b : {&k1, &v1, &k2, &v2}) {
+            cuda::upload(b->data(), init.data(), pool_bytes);
+          }
+          auto layer_of = [&](cuda::DeviceBuffer& k, cuda::DeviceBuffer& v) {
+            cuda::DeviceKvLayer L;
+            L.k = k.data();
+            L.v = v.data();
+            L.type = type;
+            L.n_kv_heads = c.n_kv;
+            L.head_dim = c.head_dim;
+            L.block_slots = bs;
+            return L;
+          };
+          cuda::kv_write(layer_of(k1, v1), d_phys.as<int64_t>(), n, r_k.as<float>(),
+                         r_v.as<float>());
+          cuda::DeviceBuffer o_q2(qh.size() * 4);
+          cuda::rope_qkv_kv_write(src, d_pos.as<int32_t>(), d_phys.as<int64_t>(), n, c.n_heads,
+                                  c.rope_dim, c.base, c.scale, style, layer_of(k2, v2),
+                                  o_q2.as<float>());
+          const std::vector<float> got_q2 = from_device<float>(o_q2.data(), qh.size());
+          ASSERT_EQ(std::memcmp(got_q2.data(), ref_q.data(), qh.size() * 4), 0)
+              << "rope_qkv_kv_write q";
+          ASSERT_TRUE(from_device<uint8_t>(k1.data(), pool_bytes) ==
+                      from_device<uint8_t>(k2.data(), pool_bytes))
+              << "K cache";
+          ASSERT_TRUE(from_device<uint8_t>(v1.data(), pool_bytes) ==
+                      from_device<uint8_t>(v2.data(), pool_bytes))
+              << "V cache";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -28,6 +28,12 @@
 // The quantization kernel and the GEMV are programmatic dependent launches (the GEMV fetches its
 // first weights while the kernels before it finish; SPECDEC_CUDA_PDL=0 turns that off).
 //
+// Variants (offline autotune, bench_cuda_shapes --sweep): the GEMV's rows per half-warp, ring
+// depth and warps per block; the mma kernel's rows per block, stages, precomputed load addresses,
+// 8-token tiles, programmatic dependent launch; early PDL triggers - all bitwise the default's
+// results (see "kernel variants" below; SPECDEC_CUDA_GEMV_VARIANT, SPECDEC_CUDA_MMA_VARIANT,
+// SPECDEC_CUDA_PDL_EARLY).
+//
 // Batch invariance: the integer dot products are exact, and the float operations of (row, token)
 // - its slices, their block order, the tree - depend only on cols, never on n, the tile or G, so
 // a token's result is bitwise the same in any batch.
@@ -39,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -48,8 +55,12 @@ namespace specdec::cuda::detail {
 // Declared (and called) in cuda_matmul.cu.
 bool q32_matmul_supported(GgmlType type);
 void q32_matmul(const DeviceMatrix& w, const float* x, int64_t n, float* y);
-// Declared in tests/cuda/test_cuda_ops.cpp.
+// Declared in tests/cuda/test_cuda_ops.cpp and bench/cuda/bench_cuda_shapes.cpp.
 int64_t q32_set_gemv_max_n(int64_t n);
+int q32_variant_count(int kind);
+const char* q32_variant_name(int kind, int i);
+int q32_set_variant(int kind, int i);
+bool q32_set_pdl_early(bool on);
 
 namespace {
 
@@ -81,10 +92,13 @@ __device__ __forceinline__ void pdl_trigger() {
 __global__ void __launch_bounds__(256)
     quantize_kernel(const float* __restrict__ x, int64_t n, int64_t cols, int64_t nbp,
                     bool min_type, int8_t* __restrict__ xq, float* __restrict__ xd,
-                    uint32_t* __restrict__ xc) {
+                    uint32_t* __restrict__ xc, bool early) {
   // Launched as a programmatic dependent (pdl_launch): x and the scratch may still be in use by
   // the previous kernels until pdl_wait; the matmul after this kernel may start (and fetch its
-  // weights) at once.
+  // weights) at once - with `early` (SPECDEC_CUDA_PDL_EARLY) even before the kernel before this
+  // one has finished (the matmul waits for this kernel, which waits for that one, before it
+  // touches anything but its weights).
+  if (early) pdl_trigger();
   pdl_wait();
   pdl_trigger();
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -220,9 +234,9 @@ template <GgmlType T, int G, int NT>
 __host__ __device__ constexpr int stage_bytes() {
   return 16 * G * row_pitch<T>() + NT * kXqPitch + NT * kSlices * 4 * 2;
 }
-template <GgmlType T, int G, int NT>
+template <GgmlType T, int G, int NT, int S = kStages>
 __host__ __device__ constexpr int smem_bytes() {
-  const int stages = kStages * stage_bytes<T, G, NT>();
+  const int stages = S * stage_bytes<T, G, NT>();
   const int partials = 16 * G * NT * kSlices * 4;
   return stages > partials ? stages : partials;
 }
@@ -255,13 +269,19 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
 
 // Thread block b: rows 16 G (b / n_tiles) .. + 16 G, tokens t_base + NT (b % n_tiles) .. + NT
 // (clipped to n_total). w: the matrix (16-byte aligned), w_bytes = rows * row_bytes.
-template <GgmlType T, int G, int NTILE>
+// Variants (bitwise the same results, only the loads differ): S pipeline stages; FAST: the
+// addresses of a thread's cp.async words are computed once (every step but the last adds the step
+// to them), and the prologue fetches the weights of the first S - 1 steps before waiting for the
+// previous kernel (programmatic dependent launch), then their x. trig: lets the next kernel (a
+// programmatic dependent) launch at once.
+template <GgmlType T, int G, int NTILE, int kStages = 3, bool FAST = false>
 __global__ void __launch_bounds__(G * 128)
     q32_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t nb,
                const int8_t* __restrict__ xq, const float* __restrict__ xd,
                const uint32_t* __restrict__ xc, int64_t nbp, int64_t n_total, int64_t t_base,
-               int n_tiles, float* __restrict__ y) {
+               int n_tiles, float* __restrict__ y, bool trig) {
   using Q = Q32<T>;
+  if (trig) pdl_trigger();
   constexpr int NT = 8 * NTILE;
   constexpr int kRows = 16 * G;
   constexpr int kThreads = G * 128;
@@ -287,7 +307,7 @@ __global__ void __launch_bounds__(G * 128)
   const int64_t w_end = rows * row_bytes;
   const int64_t steps = (nb + kSlices - 1) / kSlices;
 
-  auto load_stage = [&](int buf, int64_t j) {
+  auto load_w = [&](int buf, int64_t j) {
     uint8_t* st = smem + buf * kStage;
     // Weights: row r's bytes of blocks [16 j, 16 j + 16), as the aligned 16-byte words over them.
     for (int i = tid; i < kRows * kWords; i += kThreads) {
@@ -304,9 +324,12 @@ __global__ void __launch_bounds__(G * 128)
       const int64_t left = w_end - a;
       cp_async16(st + r * kPitch + 16 * k, w + a, left < 16 ? static_cast<int>(left) : 16);
     }
-    // Quantized x of the tile's tokens: 512 bytes of q, 64 of d, 64 of the correction (not for
-    // Q8_0, which needs none).
-    constexpr int kXWords = Q::kMin || Q::kOffset != 0 ? 40 : 36;
+  };
+  // Quantized x of the tile's tokens: 512 bytes of q, 64 of d, 64 of the correction (not for
+  // Q8_0, which needs none).
+  constexpr int kXWords = Q::kMin || Q::kOffset != 0 ? 40 : 36;
+  auto load_x = [&](int buf, int64_t j) {
+    uint8_t* st = smem + buf * kStage;
     for (int i = tid; i < NT * kXWords; i += kThreads) {
       const int t = i / kXWords;
       const int k = i - t * kXWords;
@@ -325,6 +348,90 @@ __global__ void __launch_bounds__(G * 128)
     }
   };
 
+  // FAST: the thread's words at step 0 (every step but the last: the same words + j * the step's
+  // bytes, all of them whole - see load_w: a < end <=> a0 < row start + step bytes, and w_end - a
+  // >= 16 since a block of the row follows) and its x words (x is padded to whole steps).
+  constexpr int kStepBytes = kSlices * Q::kBytes;  // a multiple of 16 for every type
+  constexpr int kWIters = (kRows * kWords + kThreads - 1) / kThreads;
+  constexpr int kXIters = (NT * kXWords + kThreads - 1) / kThreads;
+  const uint8_t* fw_src[FAST ? kWIters : 1];
+  int fw_dst[FAST ? kWIters : 1];
+  const uint8_t* fx_src[FAST ? kXIters : 1];
+  int fx_dst[FAST ? kXIters : 1];
+  int fx_stride[FAST ? kXIters : 1];
+  if constexpr (FAST) {
+#pragma unroll
+    for (int it = 0; it < kWIters; ++it) {
+      const int i = tid + it * kThreads;
+      fw_dst[it] = -1;
+      fw_src[it] = w;
+      if (i < kRows * kWords) {
+        const int r = i / kWords;
+        const int k = i - r * kWords;
+        const int64_t row = row0 + r;
+        if (row < rows) {
+          const int64_t rs = row * row_bytes;
+          const int64_t a0 = (rs & ~int64_t{15}) + 16 * k;
+          if (a0 < rs + kStepBytes) {
+            fw_dst[it] = r * kPitch + 16 * k;
+            fw_src[it] = w + a0;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < kXIters; ++it) {
+      const int i = tid + it * kThreads;
+      fx_dst[it] = -1;
+      fx_src[it] = reinterpret_cast<const uint8_t*>(xq);
+      fx_stride[it] = 0;
+      if (i < NT * kXWords) {
+        const int t = i / kXWords;
+        const int k = i - t * kXWords;
+        if (t < nt) {
+          const int64_t tok = t0 + t;
+          if (k < 32) {
+            fx_dst[it] = kXqOff + t * kXqPitch + 16 * k;
+            fx_src[it] = reinterpret_cast<const uint8_t*>(xq + tok * nbp * 32 + 16 * k);
+            fx_stride[it] = kSlices * 32;
+          } else if (k < 36) {
+            fx_dst[it] = kXdOff + t * 64 + 16 * (k - 32);
+            fx_src[it] = reinterpret_cast<const uint8_t*>(xd + tok * nbp + 4 * (k - 32));
+            fx_stride[it] = kSlices * 4;
+          } else {
+            fx_dst[it] = kXcOff + t * 64 + 16 * (k - 36);
+            fx_src[it] = reinterpret_cast<const uint8_t*>(xc + tok * nbp + 4 * (k - 36));
+            fx_stride[it] = kSlices * 4;
+          }
+        }
+      }
+    }
+  }
+  auto load_w_fast = [&](int buf, int64_t j) {
+    if (j == steps - 1) return load_w(buf, j);  // the last step: partial rows, the matrix's end
+    uint8_t* st = smem + buf * kStage;
+#pragma unroll
+    for (int it = 0; it < kWIters; ++it) {
+      if (fw_dst[it] >= 0) cp_async16(st + fw_dst[it], fw_src[it] + j * kStepBytes, 16);
+    }
+  };
+  auto load_x_fast = [&](int buf, int64_t j) {
+    uint8_t* st = smem + buf * kStage;
+#pragma unroll
+    for (int it = 0; it < kXIters; ++it) {
+      if (fx_dst[it] >= 0) cp_async16(st + fx_dst[it], fx_src[it] + j * fx_stride[it], 16);
+    }
+  };
+  auto load_stage = [&](int buf, int64_t j) {
+    if constexpr (FAST) {
+      load_w_fast(buf, j);
+      load_x_fast(buf, j);
+    } else {
+      load_w(buf, j);
+      load_x(buf, j);
+    }
+  };
+
   float acc[4][NTILE][4];
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
@@ -339,10 +446,25 @@ __global__ void __launch_bounds__(G * 128)
   const int off_lo = static_cast<int>(((row0 + r_lo) * row_bytes) & 15);
   const int off_hi = static_cast<int>(((row0 + r_hi) * row_bytes) & 15);
 
+  if constexpr (FAST) {
+    // The weights do not depend on the previous kernels: fetched before waiting for them.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load_stage(s, s);
-    cp_async_commit();
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) load_w_fast(s, s);
+    }
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) load_x_fast(s, s);
+      cp_async_commit();
+    }
+  } else {
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) load_stage(s, s);
+      cp_async_commit();
+    }
   }
   for (int64_t j = 0; j < steps; ++j) {
     cp_async_wait<kStages - 2>();
@@ -411,11 +533,15 @@ __global__ void __launch_bounds__(G * 128)
     float v[kSlices];
 #pragma unroll
     for (int s = 0; s < kSlices; ++s) v[s] = part[i * kSlices + s];
+    // (written out level by level: a loop over off left v in local memory)
+    static_assert(kSlices == 16);
 #pragma unroll
-    for (int off = kSlices / 2; off >= 1; off >>= 1) {
+    for (int s = 0; s < 8; ++s) v[s] = __fadd_rn(v[s], v[s + 8]);
 #pragma unroll
-      for (int s = 0; s < off; ++s) v[s] = __fadd_rn(v[s], v[s + off]);
-    }
+    for (int s = 0; s < 4; ++s) v[s] = __fadd_rn(v[s], v[s + 4]);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) v[s] = __fadd_rn(v[s], v[s + 2]);
+    v[0] = __fadd_rn(v[0], v[1]);
     y[(t0 + tok) * rows + row0 + r] = v[0];
   }
 }
@@ -445,9 +571,9 @@ __host__ __device__ constexpr int gemv_pitch() {
   const int mod = 128 / R, want = 64 / R;
   return need + ((want - need % mod) + mod) % mod;
 }
-template <GgmlType T, int R>
+template <GgmlType T, int R, int S = gemv_stages<R>()>
 __host__ __device__ constexpr int gemv_warp_bytes() {
-  return gemv_stages<R>() * 2 * R * gemv_pitch<T, R>();
+  return S * 2 * R * gemv_pitch<T, R>();
 }
 
 // N 32-bit words from the 2-byte aligned shared-memory address p (N + 1 aligned loads).
@@ -541,16 +667,19 @@ struct GemvUnpack<GgmlType::kQ5_1> {
   }
 };
 
-// Thread block b (blockDim.x / 32 warps): tile b % n_tiles of NT tokens, rows (b / n_tiles) *
-// (2 R warps) ..; warp w's half h takes rows R (2 (warp index in the grid) + h) .. + R.
-template <GgmlType T, int R, int NT>
-__global__ void __launch_bounds__(128)
+// Thread block b (blockDim.x / 32 warps, at most MAXW): tile b % n_tiles of NT tokens, rows
+// (b / n_tiles) * (2 R warps) ..; warp w's half h takes rows R (2 (warp index in the grid) + h) ..
+// + R. Variants (the same bits): R, the ring's depth S, MAXW; trig lets the next kernel (a
+// programmatic dependent) launch at once.
+template <GgmlType T, int R, int NT, int S = gemv_stages<R>(), int MAXW = 4>
+__global__ void __launch_bounds__(MAXW * 32)
     gemv_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t nb,
                 const int8_t* __restrict__ xq, const float* __restrict__ xd,
                 const uint32_t* __restrict__ xc, int64_t nbp, int64_t n_total, int n_tiles,
-                float* __restrict__ y) {
+                float* __restrict__ y, bool trig) {
   using Q = Q32<T>;
-  constexpr int kStages = gemv_stages<R>();
+  constexpr int kStages = S;
+  if (trig) pdl_trigger();
   constexpr int kPitch = gemv_pitch<T, R>();
   constexpr int kWords = row_words<T>();
   constexpr int kStage = 2 * R * kPitch;
@@ -705,38 +834,6 @@ int sm_count() {
   return n;
 }
 
-template <GgmlType T, int G, int NTILE>
-void launch(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
-            int64_t nbp, int64_t n, int64_t t_base, int64_t n_tiles, float* y) {
-  constexpr int kSmem = smem_bytes<T, G, 8 * NTILE>();
-  static const bool attr = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(q32_kernel<T, G, NTILE>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)attr;
-  const int64_t row_blocks = (w.rows + 16 * G - 1) / (16 * G);
-  const int64_t blocks = row_blocks * n_tiles;
-  if (blocks > 0x7fffffffLL) {
-    throw Error("cuda::matmul: too many thread blocks (" + std::to_string(blocks) + ")");
-  }
-  q32_kernel<T, G, NTILE><<<static_cast<unsigned>(blocks), G * 128, kSmem, stream()>>>(
-      static_cast<const uint8_t*>(w.data), w.rows, w.row_bytes, w.cols / 32, xq, xd, xc, nbp, n,
-      t_base, static_cast<int>(n_tiles), y);
-  CUDA_CHECK_LAUNCH("q32_kernel");
-}
-
-template <GgmlType T, int NTILE>
-void launch_g(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
-              int64_t nbp, int64_t n, int64_t t_base, int64_t n_tiles, float* y) {
-  // 32 rows per thread block (x staged once for more rows) when that still gives every SM two.
-  if ((w.rows + 31) / 32 * n_tiles >= 2 * sm_count()) {
-    launch<T, 2, NTILE>(w, xq, xd, xc, nbp, n, t_base, n_tiles, y);
-  } else {
-    launch<T, 1, NTILE>(w, xq, xd, xc, nbp, n, t_base, n_tiles, y);
-  }
-}
-
 // Programmatic dependent launches (the quantization kernel and the GEMV start while the kernel
 // before them drains; each waits for it with griddepcontrol.wait before touching its outputs).
 // On by default; SPECDEC_CUDA_PDL=0 turns them off, and a launch the driver refuses turns them off
@@ -789,39 +886,296 @@ int64_t gemv_max_n() {
   return gemv_max_n_flag().load(std::memory_order_relaxed);
 }
 
-template <GgmlType T, int R, int NT>
-void launch_gemv(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
-                 int64_t nbp, int64_t n, float* y) {
-  constexpr int kWarpBytes = gemv_warp_bytes<T, R>();
+// Early triggers (SPECDEC_CUDA_PDL_EARLY=1, off by default): every kernel of this file lets the
+// kernel after it launch at once (griddepcontrol.launch_dependents first thing), and the
+// quantization kernel does so before it waits - so the next matmul's thread blocks become resident
+// and fetch their weights while the current matmul drains. Safe: a kernel touches nothing but its
+// weights before griddepcontrol.wait, which returns only when the kernel before it (and so, by
+// induction, every earlier one) has completed.
+std::atomic<bool>& pdl_early_flag() {
+  static std::atomic<bool> f{[] {
+    const char* e = std::getenv("SPECDEC_CUDA_PDL_EARLY");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }()};
+  return f;
+}
+bool pdl_early() {
+  return pdl_early_flag().load(std::memory_order_relaxed);
+}
+
+// ---- kernel variants (for the offline autotune: bench_cuda_shapes --sweep) ----------------------
+//
+// Every variant gives bitwise the same results as the default (the same slices, block order,
+// epilogue and tree; only the work distribution, pipelining and loads differ). Selected by name
+// with SPECDEC_CUDA_GEMV_VARIANT / SPECDEC_CUDA_MMA_VARIANT, or q32_set_variant (tests, bench).
+// Only Q8_0 and Q4_1 have the non-default variants compiled (compile time); the other types
+// always take the default.
+//
+// GEMV: r = rows per half-warp (0: the default's choice by n: 1 up to 4 tokens, 2 up to 8, else 4,
+// with its default ring depth), s = cp.async ring depth (steps of 16 blocks), w = warps per thread
+// block (0: 4, or fewer while that leaves under 3 thread blocks per SM).
+struct GemvVariant {
+  const char* name;
+  int r, s, w;
+};
+constexpr GemvVariant kGemvVariants[] = {
+    {"default", 0, 0, 0}, {"r1s2", 1, 2, 0},   {"r1s4", 1, 4, 0},   {"r1s8", 1, 8, 0},
+    {"r2s3", 2, 3, 0},    {"r2s6", 2, 6, 0},   {"r4s3", 4, 3, 0},   {"r1s6w1", 1, 6, 1},
+    {"r1s6w2", 1, 6, 2},  {"r1s6w8", 1, 6, 8}, {"r1s4w8", 1, 4, 8}, {"r2s3w8", 2, 3, 8},
+};
+constexpr int kGemvVariantCount = sizeof(kGemvVariants) / sizeof(kGemvVariants[0]);
+// mma: g = row groups of 16 per thread block (0: the default - 2 when that leaves every SM two
+// thread blocks, else 1), s = pipeline stages, fast = precomputed cp.async addresses and the
+// weights of the prologue fetched before waiting for the previous kernel, t8 = every tile 8 tokens
+// (n = 16: two tiles of 8 instead of one of 16), pdl = launched as a programmatic dependent (its
+// prologue's weight fetch overlaps the quantization kernel).
+struct MmaVariant {
+  const char* name;
+  int g, s;
+  bool fast, t8, pdl;
+};
+constexpr MmaVariant kMmaVariants[] = {
+    {"default", 0, 3, false, false, false},   {"fast", 0, 3, true, false, false},
+    {"fast_pdl", 0, 3, true, false, true},    {"fast_t8", 0, 3, true, true, false},
+    {"g1s3f", 1, 3, true, false, false},      {"g1s4f", 1, 4, true, false, false},
+    {"g1s5f", 1, 5, true, false, false},      {"g2s2f", 2, 2, true, false, false},
+    {"g2s3f", 2, 3, true, false, false},      {"g2s4f", 2, 4, true, false, false},
+    {"g4s2f", 4, 2, true, false, false},      {"g4s3f", 4, 3, true, false, false},
+    {"g1s4f_pdl", 1, 4, true, false, true},   {"g2s4f_pdl", 2, 4, true, false, true},
+    {"g2s3f_t8_pdl", 2, 3, true, true, true},
+};
+constexpr int kMmaVariantCount = sizeof(kMmaVariants) / sizeof(kMmaVariants[0]);
+
+int variant_from_env(const char* var, bool gemv) {
+  const char* e = std::getenv(var);
+  if (e == nullptr || *e == '\0') return 0;
+  const int count = gemv ? kGemvVariantCount : kMmaVariantCount;
+  for (int i = 0; i < count; ++i) {
+    if (std::strcmp(e, gemv ? kGemvVariants[i].name : kMmaVariants[i].name) == 0) return i;
+  }
+  throw Error(std::string(var) + "=" + e + ": no such variant");
+}
+std::atomic<int>& gemv_variant_flag() {
+  static std::atomic<int> v{variant_from_env("SPECDEC_CUDA_GEMV_VARIANT", true)};
+  return v;
+}
+std::atomic<int>& mma_variant_flag() {
+  static std::atomic<int> v{variant_from_env("SPECDEC_CUDA_MMA_VARIANT", false)};
+  return v;
+}
+
+template <GgmlType T>
+constexpr bool kTuned = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_1;
+
+// The variant a call takes when none is forced (variant 0 = "default" then means: chosen by n),
+// from `bench_cuda_shapes --sweep` on an H200 (session 19; 8B shapes, graph replay, time vs the
+// untuned kernel): GEMV n = 1 r1s8 (0.95), n = 2 r1s2 (0.75-0.95); mma n <= 4 g1s3f / g1s4f_pdl
+// (0.79 / 0.84), n <= 8 fast (0.82-0.83), larger g2s3f / fast_t8 (0.82 / 0.79). All variants give
+// the same bits, so the choice never changes a result.
+constexpr int variant_index(const char* name, bool gemv) {
+  const int count = gemv ? kGemvVariantCount : kMmaVariantCount;
+  for (int i = 0; i < count; ++i) {
+    const char* a = gemv ? kGemvVariants[i].name : kMmaVariants[i].name;
+    const char* b = name;
+    while (*a != '\0' && *a == *b) {
+      ++a;
+      ++b;
+    }
+    if (*a == *b) return i;
+  }
+  return 0;
+}
+template <GgmlType T>
+int auto_gemv_variant(int64_t n) {
+  if constexpr (!kTuned<T>) return 0;
+  return n <= 1 ? variant_index("r1s8", true) : variant_index("r1s2", true);
+}
+template <GgmlType T>
+int auto_mma_variant(int64_t n) {
+  if constexpr (!kTuned<T>) return 0;
+  constexpr bool q8 = T == GgmlType::kQ8_0;
+  if (n <= 4) return variant_index(q8 ? "g1s3f" : "g1s4f_pdl", false);
+  if (n <= 8) return variant_index("fast", false);
+  return variant_index(q8 ? "g2s3f" : "fast_t8", false);
+}
+
+// ---- mma launches ----------------------------------------------------------------------------------
+
+template <GgmlType T, int G, int NTILE, int S, bool FAST>
+void launch(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+            int64_t nbp, int64_t n, int64_t t_base, int64_t n_tiles, float* y, bool pdl) {
+  constexpr int kSmem = smem_bytes<T, G, 8 * NTILE, S>();
   static const bool attr = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, R, NT>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * kWarpBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(q32_kernel<T, G, NTILE, S, FAST>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)attr;
+  const int64_t row_blocks = (w.rows + 16 * G - 1) / (16 * G);
+  const int64_t blocks = row_blocks * n_tiles;
+  if (blocks > 0x7fffffffLL) {
+    throw Error("cuda::matmul: too many thread blocks (" + std::to_string(blocks) + ")");
+  }
+  const bool trig = pdl_early();
+  if (pdl) {
+    pdl_launch("q32_kernel", q32_kernel<T, G, NTILE, S, FAST>,
+               dim3(static_cast<unsigned>(blocks)), dim3(G * 128), static_cast<size_t>(kSmem),
+               static_cast<const uint8_t*>(w.data), w.rows, w.row_bytes, w.cols / 32, xq, xd, xc,
+               nbp, n, t_base, static_cast<int>(n_tiles), y, trig);
+    return;
+  }
+  q32_kernel<T, G, NTILE, S, FAST><<<static_cast<unsigned>(blocks), G * 128, kSmem, stream()>>>(
+      static_cast<const uint8_t*>(w.data), w.rows, w.row_bytes, w.cols / 32, xq, xd, xc, nbp, n,
+      t_base, static_cast<int>(n_tiles), y, trig);
+  CUDA_CHECK_LAUNCH("q32_kernel");
+}
+
+// G: 0 = the default's choice.
+template <GgmlType T, int NTILE, int G, int S, bool FAST>
+void launch_g(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+              int64_t nbp, int64_t n, int64_t t_base, int64_t n_tiles, float* y, bool pdl) {
+  if constexpr (G != 0) {
+    launch<T, G, NTILE, S, FAST>(w, xq, xd, xc, nbp, n, t_base, n_tiles, y, pdl);
+  } else if ((w.rows + 31) / 32 * n_tiles >= 2 * sm_count()) {
+    // 32 rows per thread block (x staged once for more rows) when that still gives every SM two.
+    launch<T, 2, NTILE, S, FAST>(w, xq, xd, xc, nbp, n, t_base, n_tiles, y, pdl);
+  } else {
+    launch<T, 1, NTILE, S, FAST>(w, xq, xd, xc, nbp, n, t_base, n_tiles, y, pdl);
+  }
+}
+
+template <GgmlType T, int G, int S, bool FAST>
+void run_mma_tiles(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+                   int64_t nbp, int64_t n, float* y, bool t8, bool pdl) {
+  if (t8) {  // tiles of 8 tokens only
+    launch_g<T, 1, G, S, FAST>(w, xq, xd, xc, nbp, n, 0, (n + 7) / 8, y, pdl);
+    return;
+  }
+  // Tiles of 16 tokens, the rest in one tile of 8 or 16.
+  const int64_t full = n / 16;
+  if (full > 0) launch_g<T, 2, G, S, FAST>(w, xq, xd, xc, nbp, n, 0, full, y, pdl);
+  const int64_t rest = n - full * 16;
+  if (rest == 0) return;
+  // The second launch of a call must not be a programmatic dependent of the first (it would
+  // wait for it for nothing, but it is also harmless); keep it a plain launch.
+  if (rest <= 8) {
+    launch_g<T, 1, G, S, FAST>(w, xq, xd, xc, nbp, n, full * 16, 1, y, pdl && full == 0);
+  } else {
+    launch_g<T, 2, G, S, FAST>(w, xq, xd, xc, nbp, n, full * 16, 1, y, pdl && full == 0);
+  }
+}
+
+template <GgmlType T, int V>
+void run_mma_v(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+               int64_t nbp, int64_t n, float* y) {
+  constexpr MmaVariant v = kMmaVariants[V];
+  run_mma_tiles<T, v.g, v.s, v.fast>(w, xq, xd, xc, nbp, n, y, v.t8, v.pdl);
+}
+template <GgmlType T, size_t... I>
+void run_mma_dispatch(int v, const DeviceMatrix& w, const int8_t* xq, const float* xd,
+                      const uint32_t* xc, int64_t nbp, int64_t n, float* y,
+                      std::index_sequence<I...>) {
+  (void)((v == static_cast<int>(I) ? (run_mma_v<T, static_cast<int>(I)>(w, xq, xd, xc, nbp, n, y),
+                                      true)
+                                   : false) ||
+         ...);
+}
+template <GgmlType T>
+void run_mma(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+             int64_t nbp, int64_t n, float* y) {
+  int v = mma_variant_flag().load(std::memory_order_relaxed);
+  if (v == 0) v = auto_mma_variant<T>(n);
+  if constexpr (kTuned<T>) {
+    if (v != 0) {
+      return run_mma_dispatch<T>(v, w, xq, xd, xc, nbp, n, y,
+                                 std::make_index_sequence<kMmaVariantCount>{});
+    }
+  }
+  run_mma_v<T, 0>(w, xq, xd, xc, nbp, n, y);
+}
+
+// ---- GEMV launches ---------------------------------------------------------------------------------
+
+// warps_fixed: warps per thread block (<= MAXW), 0: the default's choice (at most 4).
+template <GgmlType T, int R, int NT, int S, int MAXW>
+void launch_gemv(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+                 int64_t nbp, int64_t n, float* y, int warps_fixed) {
+  constexpr int kWarpBytes = gemv_warp_bytes<T, R, S>();
+  static const bool attr = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, R, NT, S, MAXW>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    MAXW * kWarpBytes));
     return true;
   }();
   (void)attr;
   const int64_t n_tiles = (n + NT - 1) / NT;
-  // Warps per thread block: 4, or fewer when that leaves under 3 thread blocks per SM.
   const int64_t warps_needed = (w.rows + 2 * R - 1) / (2 * R);  // 2 R rows per warp
-  int warps = 4;
-  while (warps > 1 && (warps_needed + warps - 1) / warps * n_tiles < 3 * sm_count()) warps /= 2;
+  int warps = warps_fixed > 0 ? std::min(warps_fixed, MAXW) : std::min(4, MAXW);
+  if (warps_fixed <= 0) {
+    // Warps per thread block: 4, or fewer when that leaves under 3 thread blocks per SM.
+    while (warps > 1 && (warps_needed + warps - 1) / warps * n_tiles < 3 * sm_count()) warps /= 2;
+  }
   const int64_t blocks = (warps_needed + warps - 1) / warps * n_tiles;
   if (blocks > 0x7fffffffLL) {
     throw Error("cuda::matmul: too many thread blocks (" + std::to_string(blocks) + ")");
   }
-  pdl_launch("gemv_kernel", gemv_kernel<T, R, NT>, dim3(static_cast<unsigned>(blocks)),
+  pdl_launch("gemv_kernel", gemv_kernel<T, R, NT, S, MAXW>, dim3(static_cast<unsigned>(blocks)),
              dim3(static_cast<unsigned>(32 * warps)), static_cast<size_t>(warps * kWarpBytes),
              static_cast<const uint8_t*>(w.data), w.rows, w.row_bytes, w.cols / 32, xq, xd, xc,
-             nbp, n, static_cast<int>(n_tiles), y);
+             nbp, n, static_cast<int>(n_tiles), y, pdl_early());
+}
+
+template <GgmlType T, int R, int S, int MAXW>
+void run_gemv_rs(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+                 int64_t nbp, int64_t n, float* y, int warps) {
+  if (n == 1) return launch_gemv<T, R, 1, S, MAXW>(w, xq, xd, xc, nbp, n, y, warps);
+  if (n == 2) return launch_gemv<T, R, 2, S, MAXW>(w, xq, xd, xc, nbp, n, y, warps);
+  if (n <= 4) return launch_gemv<T, R, 4, S, MAXW>(w, xq, xd, xc, nbp, n, y, warps);
+  if (n <= 8) return launch_gemv<T, R, 8, S, MAXW>(w, xq, xd, xc, nbp, n, y, warps);
+  return launch_gemv<T, R, 16, S, MAXW>(w, xq, xd, xc, nbp, n, y, warps);
 }
 
 template <GgmlType T>
+void run_gemv_default(const DeviceMatrix& w, const int8_t* xq, const float* xd,
+                      const uint32_t* xc, int64_t nbp, int64_t n, float* y) {
+  if (n == 1) return launch_gemv<T, 1, 1, gemv_stages<1>(), 4>(w, xq, xd, xc, nbp, n, y, 0);
+  if (n == 2) return launch_gemv<T, 1, 2, gemv_stages<1>(), 4>(w, xq, xd, xc, nbp, n, y, 0);
+  if (n <= 4) return launch_gemv<T, 1, 4, gemv_stages<1>(), 4>(w, xq, xd, xc, nbp, n, y, 0);
+  if (n <= 8) return launch_gemv<T, 2, 8, gemv_stages<2>(), 4>(w, xq, xd, xc, nbp, n, y, 0);
+  return launch_gemv<T, 4, 16, gemv_stages<4>(), 4>(w, xq, xd, xc, nbp, n, y, 0);
+}
+
+template <GgmlType T, int V>
+void run_gemv_v(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
+                int64_t nbp, int64_t n, float* y) {
+  constexpr GemvVariant v = kGemvVariants[V];
+  if constexpr (v.r == 0) {
+    run_gemv_default<T>(w, xq, xd, xc, nbp, n, y);
+  } else {
+    run_gemv_rs<T, v.r, v.s, (v.w > 4 ? 8 : 4)>(w, xq, xd, xc, nbp, n, y, v.w);
+  }
+}
+template <GgmlType T, size_t... I>
+void run_gemv_dispatch(int v, const DeviceMatrix& w, const int8_t* xq, const float* xd,
+                       const uint32_t* xc, int64_t nbp, int64_t n, float* y,
+                       std::index_sequence<I...>) {
+  (void)((v == static_cast<int>(I)
+              ? (run_gemv_v<T, static_cast<int>(I)>(w, xq, xd, xc, nbp, n, y), true)
+              : false) ||
+         ...);
+}
+template <GgmlType T>
 void run_gemv(const DeviceMatrix& w, const int8_t* xq, const float* xd, const uint32_t* xc,
               int64_t nbp, int64_t n, float* y) {
-  if (n == 1) return launch_gemv<T, 1, 1>(w, xq, xd, xc, nbp, n, y);
-  if (n == 2) return launch_gemv<T, 1, 2>(w, xq, xd, xc, nbp, n, y);
-  if (n <= 4) return launch_gemv<T, 1, 4>(w, xq, xd, xc, nbp, n, y);
-  if (n <= 8) return launch_gemv<T, 2, 8>(w, xq, xd, xc, nbp, n, y);
-  return launch_gemv<T, 4, 16>(w, xq, xd, xc, nbp, n, y);
+  int v = gemv_variant_flag().load(std::memory_order_relaxed);
+  if (v == 0) v = auto_gemv_variant<T>(n);
+  if constexpr (kTuned<T>) {
+    if (v != 0) {
+      return run_gemv_dispatch<T>(v, w, xq, xd, xc, nbp, n, y,
+                                  std::make_index_sequence<kGemvVariantCount>{});
+    }
+  }
+  run_gemv_default<T>(w, xq, xd, xc, nbp, n, y);
 }
 
 template <GgmlType T>
@@ -839,19 +1193,10 @@ void run(const DeviceMatrix& w, const float* x, int64_t n, float* y) {
     const int64_t blocks = (items + 7) / 8;
     if (blocks > 0x7fffffffLL) throw Error("cuda::matmul: too many tokens");
     pdl_launch("quantize_kernel", quantize_kernel, dim3(static_cast<unsigned>(blocks)), dim3(256),
-               0, x, n, w.cols, nbp, Q32<T>::kMin, xq, xd, xc);
+               0, x, n, w.cols, nbp, Q32<T>::kMin, xq, xd, xc, pdl_early());
   }
   if (n <= gemv_max_n()) return run_gemv<T>(w, xq, xd, xc, nbp, n, y);
-  // Tiles of 16 tokens, the rest in one tile of 8 or 16.
-  const int64_t full = n / 16;
-  if (full > 0) launch_g<T, 2>(w, xq, xd, xc, nbp, n, 0, full, y);
-  const int64_t rest = n - full * 16;
-  if (rest == 0) return;
-  if (rest <= 8) {
-    launch_g<T, 1>(w, xq, xd, xc, nbp, n, full * 16, 1, y);
-  } else {
-    launch_g<T, 2>(w, xq, xd, xc, nbp, n, full * 16, 1, y);
-  }
+  run_mma<T>(w, xq, xd, xc, nbp, n, y);
 }
 
 }  // namespace
@@ -860,6 +1205,24 @@ void run(const DeviceMatrix& w, const float* x, int64_t n, float* y) {
 // returns the previous value.
 int64_t q32_set_gemv_max_n(int64_t n) {
   return gemv_max_n_flag().exchange(std::min<int64_t>(std::max<int64_t>(n, 0), 16));
+}
+
+// For the tests and bench_cuda_shapes --sweep (declared there): the kernel variants (kind 0: the
+// GEMV, 1: the mma kernel; variant 0 is the default), and the early PDL triggers. The setters
+// return the previous value; not for use while work is queued that the change would affect.
+int q32_variant_count(int kind) {
+  return kind == 0 ? kGemvVariantCount : kMmaVariantCount;
+}
+const char* q32_variant_name(int kind, int i) {
+  if (i < 0 || i >= q32_variant_count(kind)) return nullptr;
+  return kind == 0 ? kGemvVariants[i].name : kMmaVariants[i].name;
+}
+int q32_set_variant(int kind, int i) {
+  if (i < 0 || i >= q32_variant_count(kind)) throw Error("q32_set_variant: no such variant");
+  return kind == 0 ? gemv_variant_flag().exchange(i) : mma_variant_flag().exchange(i);
+}
+bool q32_set_pdl_early(bool on) {
+  return pdl_early_flag().exchange(on);
 }
 
 bool q32_matmul_supported(GgmlType type) {

@@ -274,3 +274,43 @@ class GraphCache {
 };
 
 }  // namespace specdec::cuda
+
+// ==== fused ops of the forward pass (cuda_elementwise.cu) =====================================
+// Fewer launches per layer, each bitwise equal to the separate ops it replaces (the same float
+// operations in the same order, from the same device functions).
+
+namespace specdec::cuda {
+
+// x[r, :] += y[r, :]; out[r, :] = rmsnorm(x[r, :]) * weight[:]: bitwise add(x, y, n_rows * dim)
+// then rmsnorm(x, weight, eps, n_rows, dim, out). x, y, out: [n_rows, dim]; out must not alias x
+// (y may alias out).
+void add_rmsnorm(float* x, const float* y, const float* weight, float eps, int64_t n_rows,
+                 int64_t dim, float* out);
+
+// The attention's projections as rope_qkv reads them: q [n, n_heads, head_dim] and k, v
+// [n, n_kv_heads, head_dim], each with its own row stride in floats (views into one stacked
+// matmul output [n, q_dim + 2 kv_dim], or separate buffers).
+struct QkvSource {
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+};
+
+// One launch: q_out = rope(q), k_out = rope(k), v_out = v, contiguous ([n, n_heads, head_dim],
+// [n, n_kv_heads, head_dim] twice); bitwise rope() on q and on k (the same numerics). The
+// outputs must not overlap the sources.
+void rope_qkv(const QkvSource& src, const int32_t* positions, int64_t n_tokens, int n_heads,
+              int n_kv_heads, int head_dim, int rope_dim, float freq_base, float freq_scale,
+              RopeStyle style, float* q_out, float* k_out, float* v_out);
+
+// One launch: q_out = rope(q) (contiguous [n, n_heads, head_dim]) and rope(k), v written into
+// the layer's K / V at phys_slots (device int64 [n]); bitwise rope() then kv_write().
+void rope_qkv_kv_write(const QkvSource& src, const int32_t* positions, const int64_t* phys_slots,
+                       int64_t n_tokens, int n_heads, int rope_dim, float freq_base,
+                       float freq_scale, RopeStyle style, const DeviceKvLayer& layer,
+                       float* q_out);
+
+}  // namespace specdec::cuda

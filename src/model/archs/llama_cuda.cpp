@@ -10,6 +10,13 @@
 //     x += attn·Woᵀ; xn = rmsnorm(x) * ffn_norm; x += swiglu(xn·Wgateᵀ, xn·Wupᵀ)·Wdownᵀ
 //   sel = rmsnorm(x[output rows]) * output_norm; logits = sel·Woutᵀ    // downloaded to host
 //
+// Fused launches (default; SPECDEC_CUDA_FUSE=0 at load runs the separate ops, the same bits):
+// Wq|Wk|Wv and Wgate|Wup are stacked into one matrix each where their types agree (MatrixGroup),
+// each residual add runs with the norm after it (add_rmsnorm: the next layer's attn_norm, after
+// the last layer output_norm on every row, the output rows then gathered), and rope of q and k
+// runs with the K/V writes (rope_qkv_kv_write). Per layer, 9 launches instead of 16 (13 instead
+// of 23 with the quantization kernels of the int8 matmul types).
+//
 // CUDA graphs (issue 27): the upload (pinned host memory, asynchronous) and the download stay
 // outside; everything between - every layer, the final norm and the output matmul - is recorded
 // into a graph keyed by the pass's launch signature (key_, built in forward) at its second sight
@@ -26,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -217,22 +225,75 @@ std::unique_ptr<KvDeviceMemory> CudaKvMemory::clone() const {
 
 namespace {
 
+// Matrices that multiply the same input, in output order (Wq, Wk, Wv or Wgate, Wup), as 1 to 3
+// matmuls: consecutive ones of the same type are stacked into one matrix (their rows
+// concatenated: GGUF rows are independent, and every matmul kernel computes an output row from
+// its weight row and the token alone, so a stacked matmul gives each row the bits of its own
+// matmul). Part j's output [n, parts[j].rows] is stored after the previous parts' ([n, rows]
+// each, one after the other), so the outputs of q, k, v are always at fixed views.
+struct MatrixGroup {
+  cuda::DeviceMatrix parts[3];
+  int n_parts = 0;
+};
+
 struct DeviceLayer {
   const float* attn_norm = nullptr;  // [dim]
-  cuda::DeviceMatrix wq;             // [q_dim, dim]
-  cuda::DeviceMatrix wk;             // [kv_dim, dim]
-  cuda::DeviceMatrix wv;             // [kv_dim, dim]
+  MatrixGroup qkv;                   // Wq [q_dim, dim], Wk [kv_dim, dim], Wv [kv_dim, dim]
   cuda::DeviceMatrix wo;             // [dim, q_dim]
   const float* ffn_norm = nullptr;   // [dim]
-  cuda::DeviceMatrix w_gate;         // [ffn_dim, dim]
-  cuda::DeviceMatrix w_up;           // [ffn_dim, dim]
+  MatrixGroup gate_up;               // Wgate [ffn_dim, dim], Wup [ffn_dim, dim]
   cuda::DeviceMatrix w_down;         // [dim, ffn_dim]
 };
+
+// Where matrix `which` of a group (rows[i]: the row count of its matrix i) puts its output for
+// n tokens in the group's output buffer `out`: the pointer to token 0's first element and the
+// row stride (that of its part).
+struct GroupView {
+  float* data;
+  int64_t stride;
+};
+GroupView group_view(const MatrixGroup& g, const int64_t* rows, int which, int64_t n, float* out) {
+  // Walk the parts; the matrices of part j are consecutive in `rows`.
+  int64_t at = 0;   // first matrix of the current part
+  float* base = out;
+  for (int j = 0; j < g.n_parts; ++j) {
+    int64_t col = 0;
+    int64_t m = at;
+    int64_t part_rows = 0;
+    while (part_rows < g.parts[j].rows) part_rows += rows[m++];
+    if (which < m) {
+      for (int64_t i = at; i < which; ++i) col += rows[i];
+      return {base + col, g.parts[j].rows};
+    }
+    base += n * g.parts[j].rows;
+    at = m;
+  }
+  throw Error("forward: bad matrix group");
+}
+
+// Whether the forward pass uses the fused kernels and stacked matrices (default), or the
+// separate ops (SPECDEC_CUDA_FUSE=0, read when a model is loaded: for A/B comparisons - both
+// give the same bits).
+bool fuse_from_env() {
+  const char* e = std::getenv("SPECDEC_CUDA_FUSE");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+// At most how many matrices a MatrixGroup part stacks when fused: SPECDEC_CUDA_STACK = 1, 2 or 3
+// (default 3; read at load). 1 and 2 exist for the tests (the layouts of files whose Wv or Wup
+// has another type than the rest: Q4_K_M's Q6_K tensors).
+int stack_from_env() {
+  const char* e = std::getenv("SPECDEC_CUDA_STACK");
+  if (e == nullptr) return 3;
+  const int v = std::atoi(e);
+  return v < 1 ? 1 : (v > 3 ? 3 : v);
+}
 
 class CudaLlamaModel final : public Model {
  public:
   CudaLlamaModel(std::unique_ptr<GgufFile> file, ModelConfig config)
-      : Model(std::move(file), std::move(config)) {
+      : Model(std::move(file), std::move(config)),
+        fuse_(fuse_from_env()),
+        stack_max_(fuse_ ? stack_from_env() : 1) {
     load_weights();
   }
 
@@ -251,6 +312,11 @@ class CudaLlamaModel final : public Model {
  private:
   const void* upload_tensor(const GgufTensor& t);
   cuda::DeviceMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool count = true);
+  const GgufTensor& checked_matrix(const std::string& name, int64_t rows, int64_t cols) const;
+  // Matrices of shape [rows[i], cols] multiplying the same input, stacked where they can be
+  // (when fuse_; MatrixGroup).
+  MatrixGroup matrix_group(const std::vector<std::string>& names, const int64_t* rows,
+                           int64_t cols);
   const float* vector(const std::string& name, int64_t n);
   void load_weights();
   // Copies a device tensor to the host for the dump callback (only when one is set).
@@ -266,6 +332,9 @@ class CudaLlamaModel final : public Model {
   cuda::DeviceMatrix output_;           // [n_vocab, dim] (tok_embd_ when tied)
   std::vector<DeviceLayer> layers_;
   std::map<const GgufTensor*, cuda::DeviceBuffer> weights_;  // every uploaded tensor, once
+  std::vector<cuda::DeviceBuffer> stacked_;  // the stacked matrices (MatrixGroup)
+  const bool fuse_;       // fused kernels and stacked matrices (fuse_from_env)
+  const int stack_max_;   // matrices per stacked part (stack_from_env; 1 when not fuse_)
   int64_t weight_bytes_ = 0;
   int64_t flops_per_token_ = 0;
 
@@ -277,8 +346,11 @@ class CudaLlamaModel final : public Model {
   cuda::PinnedBuffer staging_;   // host side of the pass's one upload
   cuda::PinnedBuffer host_out_;  // host side of the download: logits, then hidden rows
   cuda::DeviceBuffer d_staging_;
-  cuda::DeviceBuffer d_x_, d_xn_, d_q_, d_k_, d_v_, d_attn_, d_proj_, d_gate_, d_up_, d_sel_,
-      d_logits_;
+  // d_qkv_: the q, k, v projections (MatrixGroup layout) [n, q_dim + 2 kv_dim]; d_q_ / d_k_ /
+  // d_v_: contiguous q, k, v after rope; d_gu_: gate and up [n, 2 ffn_dim]; d_act_: swiglu's
+  // output [n, ffn_dim].
+  cuda::DeviceBuffer d_x_, d_xn_, d_qkv_, d_q_, d_k_, d_v_, d_attn_, d_proj_, d_gu_, d_act_,
+      d_sel_, d_logits_;
   std::vector<float> dump_host_;
   cuda::GraphCache graphs_{64};  // the pass's device work by launch signature
   std::vector<int64_t> key_;      // the current pass's signature
@@ -294,8 +366,8 @@ const void* CudaLlamaModel::upload_tensor(const GgufTensor& t) {
   return p;
 }
 
-cuda::DeviceMatrix CudaLlamaModel::matrix(const std::string& name, int64_t rows, int64_t cols,
-                                          bool count) {
+const GgufTensor& CudaLlamaModel::checked_matrix(const std::string& name, int64_t rows,
+                                                 int64_t cols) const {
   const GgufTensor* t = file_->find_tensor(name);
   if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
   if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
@@ -309,6 +381,58 @@ cuda::DeviceMatrix CudaLlamaModel::matrix(const std::string& name, int64_t rows,
                             "support",
                             file_->path(), name, ggml_type_traits(t->type).name));
   }
+  return *t;
+}
+
+MatrixGroup CudaLlamaModel::matrix_group(const std::vector<std::string>& names,
+                                         const int64_t* rows, int64_t cols) {
+  const auto n = static_cast<int>(names.size());
+  SPECDEC_CHECK(n >= 1 && n <= 3, "matrix_group: 1 to 3 matrices");
+  std::vector<const GgufTensor*> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = &checked_matrix(names[i], rows[i], cols);
+  MatrixGroup g;
+  for (int i = 0; i < n;) {
+    int e = i + 1;  // the part: matrices [i, e)
+    while (e < n && e - i < stack_max_ &&
+           t[static_cast<size_t>(e)]->type == t[static_cast<size_t>(i)]->type) {
+      ++e;
+    }
+    if (e == i + 1) {
+      g.parts[g.n_parts++] = matrix(names[i], rows[i], cols);
+      i = e;
+      continue;
+    }
+    const GgmlType type = t[static_cast<size_t>(i)]->type;
+    const int64_t row_bytes = ggml_row_bytes(type, cols);
+    int64_t part_rows = 0;
+    for (int m = i; m < e; ++m) part_rows += rows[m];
+    cuda::DeviceBuffer buf(static_cast<size_t>(part_rows * row_bytes));
+    int64_t at = 0;
+    for (int m = i; m < e; ++m) {
+      const GgufTensor& tm = *t[static_cast<size_t>(m)];
+      const int64_t bytes = rows[m] * row_bytes;
+      SPECDEC_CHECK(bytes <= static_cast<int64_t>(tm.nbytes), "matrix_group: tensor bytes");
+      cuda::upload(static_cast<uint8_t*>(buf.data()) + at, tm.data, static_cast<size_t>(bytes));
+      at += bytes;
+      weight_bytes_ += static_cast<int64_t>(tm.nbytes);
+      flops_per_token_ += 2 * rows[m] * cols;
+    }
+    cuda::DeviceMatrix w;
+    w.type = type;
+    w.data = buf.data();
+    w.rows = part_rows;
+    w.cols = cols;
+    w.row_bytes = row_bytes;
+    g.parts[g.n_parts++] = w;
+    stacked_.push_back(std::move(buf));
+    i = e;
+  }
+  return g;
+}
+
+cuda::DeviceMatrix CudaLlamaModel::matrix(const std::string& name, int64_t rows, int64_t cols,
+                                          bool count) {
+  const GgufTensor* t = &checked_matrix(name, rows, cols);
   cuda::DeviceMatrix w;
   w.type = t->type;
   w.data = upload_tensor(*t);
@@ -352,13 +476,13 @@ void CudaLlamaModel::load_weights() {
     const std::string p = fmt::format("blk.{}.", l);
     DeviceLayer& w = layers_[l];
     w.attn_norm = vector(p + "attn_norm.weight", c.dim);
-    w.wq = matrix(p + "attn_q.weight", c.q_dim(), c.dim);
-    w.wk = matrix(p + "attn_k.weight", c.kv_dim(), c.dim);
-    w.wv = matrix(p + "attn_v.weight", c.kv_dim(), c.dim);
+    const int64_t qkv_rows[3] = {c.q_dim(), c.kv_dim(), c.kv_dim()};
+    w.qkv = matrix_group({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"},
+                         qkv_rows, c.dim);
     w.wo = matrix(p + "attn_output.weight", c.dim, c.q_dim());
     w.ffn_norm = vector(p + "ffn_norm.weight", c.dim);
-    w.w_gate = matrix(p + "ffn_gate.weight", c.ffn_dim, c.dim);
-    w.w_up = matrix(p + "ffn_up.weight", c.ffn_dim, c.dim);
+    const int64_t gu_rows[2] = {c.ffn_dim, c.ffn_dim};
+    w.gate_up = matrix_group({p + "ffn_gate.weight", p + "ffn_up.weight"}, gu_rows, c.dim);
     w.w_down = matrix(p + "ffn_down.weight", c.dim, c.ffn_dim);
   }
   cuda::synchronize();
@@ -506,15 +630,16 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
     grow_device(buf, static_cast<size_t>(act_rows * width) * sizeof(float));
     return buf.as<float>();
   };
-  float* x = act(d_x_, c.dim);           // [n, dim]
-  float* xn = act(d_xn_, c.dim);         // [n, dim]
-  float* q = act(d_q_, q_dim);           // [n, q_dim]
-  float* k = act(d_k_, kv_row);          // [n, kv_dim]
-  float* v = act(d_v_, kv_row);          // [n, kv_dim]
-  float* attn = act(d_attn_, q_dim);     // [n, q_dim]
-  float* proj = act(d_proj_, c.dim);     // [n, dim]
-  float* gate = act(d_gate_, c.ffn_dim); // [n, ffn_dim]
-  float* up = act(d_up_, c.ffn_dim);     // [n, ffn_dim]
+  float* x = act(d_x_, c.dim);                  // [n, dim]
+  float* xn = act(d_xn_, c.dim);                // [n, dim]
+  float* qkv = act(d_qkv_, q_dim + 2 * kv_row); // [n, q_dim + 2 kv_dim] (MatrixGroup layout)
+  float* q = act(d_q_, q_dim);                  // [n, q_dim]
+  float* k = act(d_k_, kv_row);                 // [n, kv_dim]
+  float* v = act(d_v_, kv_row);                 // [n, kv_dim]
+  float* attn = act(d_attn_, q_dim);            // [n, q_dim]
+  float* proj = act(d_proj_, c.dim);            // [n, dim]
+  float* gu = act(d_gu_, 2 * c.ffn_dim);        // [n, 2 ffn_dim] (MatrixGroup layout)
+  float* ffn_act = act(d_act_, c.ffn_dim);      // [n, ffn_dim]
   float* sel = nullptr;                  // [n_out, dim]
   float* logits = nullptr;               // [n_out, n_vocab]
   if (n_out > 0) {
@@ -539,30 +664,77 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
 
   // The pass's device work, from the embedding to the logits (what a graph records).
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int64_t qkv_rows[3] = {q_dim, kv_row, kv_row};
+  // Fused (fuse_): the residual add and the next norm in one kernel; rope of q and k, v's copy
+  // and the K/V writes in one; the final norm on every row before the gather of the output
+  // rows. Otherwise the separate ops (and every matrix on its own: matrix_group). Both give the
+  // same bits.
   auto queue_pass = [&] {
     cuda::get_rows(tok_embd_, d_tokens, n, x);
     dump("inp_embd", -1, x, n, c.dim);
     for (int l = 0; l < c.n_layers; ++l) {
       const DeviceLayer& w = layers_[l];
-      cuda::rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
+      // xn = attn_norm(x): fused, the previous layer's last kernel computed it.
+      if (!fuse_ || l == 0) cuda::rmsnorm(x, w.attn_norm, c.rms_eps, n, c.dim, xn);
       dump("attn_norm", l, xn, n, c.dim);
-      cuda::matmul(w.wq, xn, n, q);
-      cuda::matmul(w.wk, xn, n, k);
-      cuda::matmul(w.wv, xn, n, v);
-      cuda::rope(q, d_positions, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
-                 c.rope_freq_scale, c.rope_style);
-      cuda::rope(k, d_positions, n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
-                 c.rope_freq_scale, c.rope_style);
-      dump("q_rope", l, q, n, q_dim);
-      dump("k_rope", l, k, n, kv_row);
-      dump("v", l, v, n, kv_row);
+      {
+        float* out = qkv;
+        for (int j = 0; j < w.qkv.n_parts; ++j) {
+          cuda::matmul(w.qkv.parts[j], xn, n, out);
+          out += n * w.qkv.parts[j].rows;
+        }
+      }
+      const GroupView qv = group_view(w.qkv, qkv_rows, 0, n, qkv);
+      const GroupView kv = group_view(w.qkv, qkv_rows, 1, n, qkv);
+      const GroupView vv = group_view(w.qkv, qkv_rows, 2, n, qkv);
+      const cuda::QkvSource src{qv.data, qv.stride, kv.data, kv.stride, vv.data, vv.stride};
+      // After this step: q_r, k_r, v_r contiguous [n, q_dim] / [n, kv_dim] (k_r, v_r only when
+      // `written` is false: then the K/V writes follow).
+      const float* q_r = q;
+      const float* k_r = k;
+      const float* v_r = v;
+      bool written = false;
+      if (!fuse_) {
+        // Three separate parts: contiguous views (rope in place).
+        q_r = qv.data;
+        k_r = kv.data;
+        v_r = vv.data;
+        cuda::rope(qv.data, d_positions, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
+                   c.rope_freq_scale, c.rope_style);
+        cuda::rope(kv.data, d_positions, n, c.n_kv_heads, c.head_dim, c.rope_dim,
+                   c.rope_freq_base, c.rope_freq_scale, c.rope_style);
+      } else if (one_pool && !dump_) {
+        cuda::rope_qkv_kv_write(src, d_positions, d_phys, n, c.n_heads, c.rope_dim,
+                                c.rope_freq_base, c.rope_freq_scale, c.rope_style,
+                                mems[0]->layer(l), q);
+        written = true;
+      } else if (!dump_) {
+        // Sequences in different pools: one launch each, on its rows.
+        for (size_t kk = 0; kk < descs.size(); ++kk) {
+          const int64_t row0 = offsets[attn_seq[kk]];
+          const cuda::QkvSource s{src.q + row0 * src.q_stride, src.q_stride,
+                                  src.k + row0 * src.k_stride, src.k_stride,
+                                  src.v + row0 * src.v_stride, src.v_stride};
+          cuda::rope_qkv_kv_write(s, d_positions + row0, d_phys + row0, descs[kk].n_new,
+                                  c.n_heads, c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
+                                  c.rope_style, mems[static_cast<size_t>(attn_seq[kk])]->layer(l),
+                                  q + row0 * q_dim);
+        }
+        written = true;
+      } else {
+        cuda::rope_qkv(src, d_positions, n, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim,
+                       c.rope_freq_base, c.rope_freq_scale, c.rope_style, q, k, v);
+      }
+      dump("q_rope", l, q_r, n, q_dim);
+      dump("k_rope", l, k_r, n, kv_row);
+      dump("v", l, v_r, n, kv_row);
       if (one_pool) {
         // Every new token's K/V at its physical slot, then every sequence's attention: one call
         // each for the pass.
         const cuda::DeviceKvLayer kv_layer = mems[0]->layer(l);
-        cuda::kv_write(kv_layer, d_phys, n, k, v);
+        if (!written) cuda::kv_write(kv_layer, d_phys, n, k_r, v_r);
         if (!descs.empty()) {
-          cuda::paged_attention(kv_layer, q, n, c.n_heads, scale, d_seqs,
+          cuda::paged_attention(kv_layer, q_r, n, c.n_heads, scale, d_seqs,
                                 static_cast<int64_t>(descs.size()), d_tables, d_masks,
                                 visible_bound(max_visible), attn);
         }
@@ -572,9 +744,11 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
           const int64_t si = attn_seq[kk];
           const int64_t row0 = offsets[si];
           const cuda::DeviceKvLayer kv_layer = mems[static_cast<size_t>(si)]->layer(l);
-          cuda::kv_write(kv_layer, d_phys + row0, descs[kk].n_new, k + row0 * kv_row,
-                         v + row0 * kv_row);
-          cuda::paged_attention(kv_layer, q + row0 * q_dim, descs[kk].n_new, c.n_heads, scale,
+          if (!written) {
+            cuda::kv_write(kv_layer, d_phys + row0, descs[kk].n_new, k_r + row0 * kv_row,
+                           v_r + row0 * kv_row);
+          }
+          cuda::paged_attention(kv_layer, q_r + row0 * q_dim, descs[kk].n_new, c.n_heads, scale,
                                 d_seqs + kk, 1, d_tables, d_masks,
                                 visible_bound(descs[kk].n_past + descs[kk].n_new),
                                 attn + row0 * q_dim);
@@ -582,27 +756,51 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
       }
       dump("attn_out", l, attn, n, q_dim);
       cuda::matmul(w.wo, attn, n, proj);
-      cuda::add(x, proj, n * c.dim);
-      dump("attn_residual", l, x, n, c.dim);
-      cuda::rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
-      cuda::matmul(w.w_gate, xn, n, gate);
-      cuda::matmul(w.w_up, xn, n, up);
-      cuda::swiglu(gate, up, n * c.ffn_dim, gate);
-      dump("ffn_act", l, gate, n, c.ffn_dim);
-      cuda::matmul(w.w_down, gate, n, proj);
-      cuda::add(x, proj, n * c.dim);
+      if (fuse_) {
+        cuda::add_rmsnorm(x, proj, w.ffn_norm, c.rms_eps, n, c.dim, xn);
+        dump("attn_residual", l, x, n, c.dim);
+      } else {
+        cuda::add(x, proj, n * c.dim);
+        dump("attn_residual", l, x, n, c.dim);
+        cuda::rmsnorm(x, w.ffn_norm, c.rms_eps, n, c.dim, xn);
+      }
+      {
+        float* out = gu;
+        for (int j = 0; j < w.gate_up.n_parts; ++j) {
+          cuda::matmul(w.gate_up.parts[j], xn, n, out);
+          out += n * w.gate_up.parts[j].rows;
+        }
+      }
+      if (w.gate_up.n_parts == 1) {
+        cuda::swiglu_rows(gu, n, c.ffn_dim, ffn_act);
+      } else {
+        cuda::swiglu(gu, gu + n * c.ffn_dim, n * c.ffn_dim, ffn_act);
+      }
+      dump("ffn_act", l, ffn_act, n, c.ffn_dim);
+      cuda::matmul(w.w_down, ffn_act, n, proj);
+      // Fused: the residual add with the next layer's attn_norm, or after the last layer with
+      // the output norm (on every row: the output rows are gathered from xn below).
+      const float* next_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm
+                               : n_out > 0          ? output_norm_
+                                                    : nullptr;
+      if (fuse_ && next_norm != nullptr) {
+        cuda::add_rmsnorm(x, proj, next_norm, c.rms_eps, n, c.dim, xn);
+      } else {
+        cuda::add(x, proj, n * c.dim);
+      }
       dump("layer_out", l, x, n, c.dim);
     }
     if (n_out == 0) return;
-    // The output rows of x (a float matrix [n, dim]), final-normed, then the logits.
-    cuda::DeviceMatrix x_rows;
-    x_rows.type = GgmlType::kF32;
-    x_rows.data = x;
-    x_rows.rows = n;
-    x_rows.cols = c.dim;
-    x_rows.row_bytes = static_cast<int64_t>(c.dim) * static_cast<int64_t>(sizeof(float));
-    cuda::get_rows(x_rows, d_out_rows, n_out, sel);
-    cuda::rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
+    // The output rows, final-normed (fused: xn holds every row normed; else x's rows, normed
+    // after the gather), then the logits.
+    cuda::DeviceMatrix rows_of;
+    rows_of.type = GgmlType::kF32;
+    rows_of.data = fuse_ ? xn : x;
+    rows_of.rows = n;
+    rows_of.cols = c.dim;
+    rows_of.row_bytes = static_cast<int64_t>(c.dim) * static_cast<int64_t>(sizeof(float));
+    cuda::get_rows(rows_of, d_out_rows, n_out, sel);
+    if (!fuse_) cuda::rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
     dump("result_norm", -1, sel, n_out, c.dim);
     cuda::matmul(output_, sel, n_out, logits);
   };
@@ -634,7 +832,7 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
         put(static_cast<int64_t>(o));
       }
       put_ptr(d_staging_.data());
-      for (const float* p : {x, xn, q, k, v, attn, proj, gate, up,
+      for (const float* p : {x, xn, qkv, q, k, v, attn, proj, gu, ffn_act,
                              static_cast<float*>(sel), static_cast<float*>(logits)}) {
         put_ptr(p);
       }
@@ -711,10 +909,12 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
 std::vector<cuda::DeviceRange> CudaLlamaModel::known_ranges(
     const std::vector<CudaKvMemory*>& mems) const {
   std::vector<cuda::DeviceRange> r;
-  r.reserve(weights_.size() + 16 + 2 * mems.size());
+  r.reserve(weights_.size() + stacked_.size() + 16 + 2 * mems.size());
   for (const auto& [t, buf] : weights_) r.push_back({buf.data(), buf.bytes()});  // immutable
-  for (const cuda::DeviceBuffer* b : {&d_staging_, &d_x_, &d_xn_, &d_q_, &d_k_, &d_v_, &d_attn_,
-                                      &d_proj_, &d_gate_, &d_up_, &d_sel_, &d_logits_}) {
+  for (const cuda::DeviceBuffer& buf : stacked_) r.push_back({buf.data(), buf.bytes()});
+  for (const cuda::DeviceBuffer* b : {&d_staging_, &d_x_, &d_xn_, &d_qkv_, &d_q_, &d_k_, &d_v_,
+                                      &d_attn_, &d_proj_, &d_gu_, &d_act_, &d_sel_,
+                                      &d_logits_}) {
     r.push_back({b->data(), b->bytes()});  // addresses in the key
   }
   for (const CudaKvMemory* m : mems) {  // addresses in the key
