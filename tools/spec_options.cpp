@@ -107,7 +107,8 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
   }
   if (o.spec == "draft") {
     if (o.draft_model.empty()) throw Error("--spec draft needs --draft-model PATH");
-    setup.draft_model = load_model_with_progress(o.draft_model, quiet, device);
+    setup.draft_model =
+        load_model_with_progress(resolve_model_path(o.draft_model), quiet, device);
     setup.draft_token_cost = static_cast<double>(setup.draft_model->weight_bytes()) /
                              static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
     DraftModelConfig c;

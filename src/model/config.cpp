@@ -22,6 +22,31 @@ int optional_int(const GgufFile& f, const std::string& key, int fallback, int64_
   return f.find(key) ? require_int(f, key, lo, hi) : fallback;
 }
 
+// The architectures that share the llama block (RMSNorm, GQA attention with RoPE, SwiGLU) and
+// what they differ in, as data for the one forward pass (archs/llama.cpp).
+struct ArchTraits {
+  const char* name;
+  RopeStyle rope_style;
+  float default_rope_base;  // when <arch>.rope.freq_base is absent
+  bool qkv_bias;
+};
+
+constexpr ArchTraits kArchs[] = {
+    // GGUF llama stores q/k rows permuted for adjacent-pair RoPE.
+    {"llama", RopeStyle::kNorm, 10000.0f, false},
+    {"mistral", RopeStyle::kNorm, 10000.0f, false},
+    // Qwen2 / Qwen2.5: biases on Q, K and V; RoPE rotates the halves of each head (the weights are
+    // stored as in the Hugging Face checkpoint, unpermuted).
+    {"qwen2", RopeStyle::kNeox, 1000000.0f, true},
+};
+
+const ArchTraits* find_arch(const std::string& name) {
+  for (const ArchTraits& a : kArchs) {
+    if (name == a.name) return &a;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
@@ -29,9 +54,9 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   const std::optional<std::string> arch = f.get_string("general.architecture");
   if (!arch) throw Error(fmt::format("{}: metadata 'general.architecture' is missing", f.path()));
   c.arch = *arch;
-  // Architectures that share the llama graph (same tensors, RMSNorm, SwiGLU, RoPE).
-  if (c.arch != "llama" && c.arch != "mistral") {
-    throw Error(fmt::format("{}: unsupported architecture '{}' (supported: llama, mistral)",
+  const ArchTraits* traits = find_arch(c.arch);
+  if (traits == nullptr) {
+    throw Error(fmt::format("{}: unsupported architecture '{}' (supported: llama, mistral, qwen2)",
                             f.path(), c.arch));
   }
   c.name = f.get_string("general.name").value_or(c.arch);
@@ -56,7 +81,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (c.rope_dim % 2 != 0) {
     throw Error(fmt::format("{}: rope.dimension_count {} is odd", f.path(), c.rope_dim));
   }
-  c.rope_freq_base = static_cast<float>(f.get_float(a + "rope.freq_base").value_or(10000.0));
+  c.rope_freq_base =
+      static_cast<float>(f.get_float(a + "rope.freq_base").value_or(traits->default_rope_base));
   if (!(c.rope_freq_base > 1.0f)) {
     throw Error(fmt::format("{}: rope.freq_base {} must be > 1", f.path(), c.rope_freq_base));
   }
@@ -70,7 +96,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   }
   c.rms_eps =
       static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
-  c.rope_style = RopeStyle::kNorm;  // GGUF llama stores q/k permuted for adjacent-pair RoPE
+  c.rope_style = traits->rope_style;
+  c.qkv_bias = traits->qkv_bias;
   // The vocabulary size comes from the token list (the metadata key is optional).
   if (const auto* tokens = f.get_string_array("tokenizer.ggml.tokens")) {
     c.n_vocab = static_cast<int>(tokens->size());

@@ -11,7 +11,7 @@ namespace specdec {
 class GgufFile;
 
 struct ModelConfig {
-  std::string arch;  // general.architecture, e.g. "llama"
+  std::string arch;  // general.architecture: "llama", "mistral" or "qwen2"
   std::string name;  // general.name, for display
   int n_vocab = 0;
   int n_ctx_train = 0;  // <arch>.context_length
@@ -26,6 +26,10 @@ struct ModelConfig {
   float rope_freq_scale = 1.0f;  // 1 / <arch>.rope.scaling.factor for linear scaling
   float rms_eps = 1e-5f;
   RopeStyle rope_style = RopeStyle::kNorm;
+  // The Q, K and V projections add biases (blk.N.attn_{q,k,v}.bias): required by the
+  // architecture (qwen2). Files of other architectures may still carry them (the model reads
+  // whatever biases are present).
+  bool qkv_bias = false;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }

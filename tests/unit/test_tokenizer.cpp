@@ -1,5 +1,6 @@
 // Tokenizer tests: llama.cpp's vocabulary fixtures (SPM and byte-level BPE), the tiny models'
-// golden prompts, SmolLM2 (digits, ChatML special tokens, round trips), metadata handling and
+// golden prompts, SmolLM2 (digits, ChatML special tokens, round trips), Qwen2.5-Coder (when
+// fetched: reference ids, ChatML with a default system prompt), metadata handling and
 // errors on synthetic GGUF files, and encoding speed.
 #include "tokenizer/tokenizer.h"
 
@@ -16,6 +17,7 @@
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode.h"
 #include "util/check.h"
+#include "util/paths.h"
 
 namespace specdec {
 namespace {
@@ -392,6 +394,115 @@ TEST_F(SmolLM2Test, EncodingSpeed) {
   std::printf("[ info ] encoded %zu tokens (%zu bytes) in %.3f ms\n", n_tokens, text.size(),
               best_ms);
   EXPECT_LT(best_ms, 10.0 * static_cast<double>(n_tokens) / 512.0);
+}
+
+// Qwen2.5-Coder (scripts/fetch-model.sh qwen2.5-coder-0.5b): byte-level BPE with the qwen2
+// pre-tokenizer (digits one by one, case-insensitive contractions), a 151,936-token vocabulary,
+// ChatML with Qwen's default system prompt. Skipped when the model has not been fetched.
+class Qwen2Test : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = known_model_path("qwen2.5-coder-0.5b");
+    if (file_exists(path)) tok_ = load_tokenizer(path).release();
+  }
+  static void TearDownTestSuite() {
+    delete tok_;
+    tok_ = nullptr;
+  }
+  void SetUp() override {
+    if (tok_ == nullptr) {
+      GTEST_SKIP() << "Qwen2.5-Coder-0.5B not found at " << known_model_path("qwen2.5-coder-0.5b")
+                   << "; run scripts/fetch-model.sh qwen2.5-coder-0.5b";
+    }
+  }
+  static Tokenizer* tok_;
+};
+Tokenizer* Qwen2Test::tok_ = nullptr;
+
+TEST_F(Qwen2Test, Metadata) {
+  EXPECT_EQ(tok_->n_vocab(), 151936);
+  EXPECT_EQ(tok_->kind(), TokenizerKind::kBpe);
+  EXPECT_EQ(tok_->pre_name(), "qwen2");
+  EXPECT_FALSE(tok_->add_bos());
+  EXPECT_EQ(tok_->eos_id(), 151645);  // <|im_end|>
+  EXPECT_TRUE(tok_->is_eog(151645));
+  EXPECT_TRUE(tok_->is_eog(151643));  // <|endoftext|>
+  EXPECT_EQ(tok_->token_text(151644), "<|im_start|>");
+  EXPECT_EQ(tok_->token_text(151645), "<|im_end|>");
+}
+
+// Ids computed independently with HF tokenizers 0.23.3 (BPE built from this GGUF's vocabulary
+// and merges, normalizer NFC, pre-tokenizer Sequence[Split(Qwen2's regex, isolated),
+// ByteLevel(add_prefix_space=False, use_regex=False)], Qwen2's tokenizer.json configuration).
+TEST_F(Qwen2Test, MatchesReferenceIds) {
+  struct Case {
+    const char* text;
+    std::vector<int32_t> ids;
+  };
+  const std::vector<Case> cases = {
+      {"Hello world", {9707, 1879}},
+      {" Hello World!", {21927, 4337, 0}},
+      {"12345", {16, 17, 18, 19, 20}},
+      {"Version 3.14159 released on 2024-11-21 at 10:45.",
+       {5637, 220, 18, 13, 16, 19, 16, 20,  24,  5880, 389, 220, 17, 15, 17,
+        19,   12,  16, 16, 12, 17, 16, 518, 220, 16,   15,  25,  19, 20, 13}},
+      {"  two leading spaces and trailing  ", {220, 1378, 6388, 12621, 323, 27748, 256}},
+      {"line one\nline two\n\n\tindented\r\n",
+       {1056, 825, 198, 1056, 1378, 271, 197, 484, 15864, 319}},
+      {"I've been 'told he's there, 'RE you sure? We'Ve a'lL",
+       {40,  3003, 1012, 364, 83,   813, 566,   594, 1052,  11, 364,
+        787, 498,  2704, 30,  1205, 6,   42612, 264, 63866, 43}},
+      {"\xC3\x9Cn\xC3\xAF"
+       "c\xC3\xB6"
+       "d\xC3\xA9: "
+       "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3"
+       "\x83\x88, \xCE\x95\xCE\xBB\xCE\xBB\xCE\xB7\xCE\xBD\xCE\xB9\xCE\xBA\xCE\xAC, "
+       "\xD1\x80\xD1\x83\xD1\x81\xD1\x81\xD0\xBA\xD0\xB8\xD0\xB9",
+       {52491, 77,    37572, 66,    2956, 128505, 25,    75402, 21894, 102819,
+        15767, 56833, 61803, 70534, 11,   7851,   243,   33486, 33486, 41424,
+        33269, 29762, 67337, 74134, 11,   18108,  43055, 126302}},
+      {"\xE8\xAF\xB7\xE7\x94\xA8\xE4\xB8\x80\xE5\x8F\xA5\xE8\xAF\x9D\xE4\xBB\x8B\xE7\xBB\x8D\xE4"
+       "\xBD\xA0\xE8\x87\xAA\xE5\xB7\xB1\xE3\x80\x82",
+       {14880, 11622, 105321, 100157, 107828, 1773}},
+      {"def f(x):\n    return x ** 2  # square\n",
+       {750, 282, 2075, 982, 262, 470, 856, 3070, 220, 17, 220, 671, 9334, 198}},
+      {"    if (a != b) {\n\t\treturn -1;\n    }\n",
+       {262, 421, 320, 64, 961, 293, 8, 341, 197, 853, 481, 16, 280, 262, 456}},
+      {"!!!!!!  ??? ...... ------======", {17085, 2928, 220, 51317, 74108, 55460, 45347}},
+      {"emoji: "
+       "\xF0\x9F\xA6\x99\xF0\x9F\x9A\x80\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D"
+       "\xF0\x9F\x91\xA7 and \xE2\x9C\x85 done",
+       {37523, 25, 11162, 99, 247, 145836, 145233, 378, 235, 145233, 378, 235, 145665, 323, 25521,
+        227, 2814}},
+  };
+  for (const Case& c : cases) {
+    const std::vector<int32_t> ids = tok_->encode(c.text, false, false);
+    EXPECT_EQ(ids, c.ids) << "'" << c.text << "'\n  got     " << ids_to_string(ids)
+                          << "\n  expected" << ids_to_string(c.ids);
+    EXPECT_EQ(tok_->decode(ids), c.text);
+  }
+}
+
+// Qwen's template (read from the GGUF's tokenizer.chat_template) inserts its default system
+// prompt when the conversation does not start with one, and keeps a given one.
+TEST_F(Qwen2Test, ChatTemplateWithDefaultSystemPrompt) {
+  const ChatTemplate tmpl = ChatTemplate::from_source(tok_->chat_template());
+  EXPECT_EQ(tmpl.kind, ChatTemplateKind::kChatML);
+  EXPECT_EQ(tmpl.default_system_message,
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  const std::string prompt = tok_->apply_chat_template({{"user", "What is 2+2?"}}, true);
+  EXPECT_EQ(prompt,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  const std::vector<int32_t> ids = tok_->encode(prompt, false, true);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 151644), 3);  // three <|im_start|>
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 151645), 2);  // two <|im_end|>
+  EXPECT_EQ(ids.front(), 151644);
+  EXPECT_EQ(tok_->decode(ids, {.render_special = true}), prompt);
+  EXPECT_EQ(tok_->apply_chat_template({{"system", "Be brief."}, {"user", "Hi"}}, true),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
 }
 
 TEST(PreTokenizer, SplitsLikeTheRegexes) {

@@ -1,10 +1,13 @@
-// The `llama` architecture (also `mistral`): pre-norm transformer with RMSNorm, GQA attention with
-// RoPE, SwiGLU feed-forward, optional tied output embedding.
+// The `llama` architecture (also `mistral` and `qwen2`): pre-norm transformer with RMSNorm, GQA
+// attention with RoPE, SwiGLU feed-forward, optional tied output embedding. What the
+// architectures differ in is data (ModelConfig): qwen2 adds biases to Q, K and V and rotates
+// the halves of each head (RopeStyle::kNeox) where llama rotates adjacent pairs.
 //
 //   x = embed(tokens)                                     // [n, dim]
 //   for each layer:
 //     xn   = rmsnorm(x) * attn_norm
-//     q,k,v = xn·Wqᵀ, xn·Wkᵀ, xn·Wvᵀ                        // [n, q_dim], [n, kv_dim] x2
+//     q,k,v = xn·Wqᵀ + bq, xn·Wkᵀ + bk, xn·Wvᵀ + bv       // [n, q_dim], [n, kv_dim] x2
+//                                                         // (biases: qwen2 only)
 //     q,k  = rope(q, positions), rope(k, positions)
 //     K/V cache[slots] = k, v
 //     x   += attention(q, K, V, mask)·Woᵀ
@@ -42,6 +45,9 @@ struct LayerWeights {
   WeightMatrix wq;                   // [q_dim, dim]
   WeightMatrix wk;                   // [kv_dim, dim]
   WeightMatrix wv;                   // [kv_dim, dim]
+  const float* bq = nullptr;         // [q_dim] biases of Q, K, V (null: none, as in llama)
+  const float* bk = nullptr;         // [kv_dim]
+  const float* bv = nullptr;         // [kv_dim]
   WeightMatrix wo;                   // [dim, q_dim]
   const float* ffn_norm = nullptr;   // [dim]
   WeightMatrix w_gate;               // [ffn_dim, dim]
@@ -148,6 +154,12 @@ void LlamaModel::load_weights() {
     w.wq = matrix(p + "attn_q.weight", c.q_dim(), c.dim);
     w.wk = matrix(p + "attn_k.weight", c.kv_dim(), c.dim);
     w.wv = matrix(p + "attn_v.weight", c.kv_dim(), c.dim);
+    // Q/K/V biases: required where the architecture has them, read when a file carries them.
+    if (c.qkv_bias || file_->find_tensor(p + "attn_q.bias") != nullptr) {
+      w.bq = vector(p + "attn_q.bias", c.q_dim());
+      w.bk = vector(p + "attn_k.bias", c.kv_dim());
+      w.bv = vector(p + "attn_v.bias", c.kv_dim());
+    }
     w.wo = matrix(p + "attn_output.weight", c.dim, c.q_dim());
     w.ffn_norm = vector(p + "ffn_norm.weight", c.dim);
     w.w_gate = matrix(p + "ffn_gate.weight", c.ffn_dim, c.dim);
@@ -231,6 +243,14 @@ void for_rows(int64_t n, ThreadPool* pool, F&& fn) {
     pool->parallel_for(n, 1, fn);
   } else {
     fn(int64_t{0}, n);
+  }
+}
+
+// y[i] += b[i] for the `rows` rows of `cols` at y.
+void add_bias_rows(float* y, const float* b, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * cols;
+    for (int64_t i = 0; i < cols; ++i) yr[i] += b[i];
   }
 }
 
@@ -386,6 +406,11 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
         std::memcpy(k_new + i * kv_row, src + c.q_dim(), kv_bytes);
         std::memcpy(v_new + i * kv_row, src + c.q_dim() + kv_row, kv_bytes);
       }
+      if (w.bq != nullptr) {  // the biases, on the (stacked output's) parts, before RoPE
+        add_bias_rows(q + i0 * c.q_dim(), w.bq, i1 - i0, c.q_dim());
+        add_bias_rows(k_new + i0 * kv_row, w.bk, i1 - i0, kv_row);
+        add_bias_rows(v_new + i0 * kv_row, w.bv, i1 - i0, kv_row);
+      }
       rope_apply(q + i0 * c.q_dim(), cos_sin + i0 * c.rope_dim, i1 - i0, c.n_heads, c.head_dim,
                  c.rope_dim, c.rope_style);
       rope_apply(k_new + i0 * kv_row, cos_sin + i0 * c.rope_dim, i1 - i0, c.n_kv_heads, c.head_dim,
@@ -530,6 +555,17 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
 
 std::unique_ptr<Model> Model::load(const std::string& path, Device device) {
   if (device == Device::kCpu) return load(path);
+  {
+    // The CUDA model has no Q/K/V biases yet: refuse such a file before uploading anything.
+    const std::unique_ptr<GgufFile> file = GgufFile::open(path);
+    const ModelConfig config = ModelConfig::from_gguf(*file);
+    if (config.qkv_bias || file->find_tensor("blk.0.attn_q.bias") != nullptr) {
+      throw Error(
+          fmt::format("{}: {} on CUDA is not supported yet (Q/K/V biases); run it with "
+                      "--device cpu",
+                      path, config.arch));
+    }
+  }
 #ifdef SPECDEC_CUDA
   return load_cuda_llama(path);
 #else
