@@ -31,6 +31,7 @@
 #include "backend/cpu/thread_pool.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "util/check.h"
 #ifdef SPECDEC_CUDA
 #include "model/archs/llama_cuda.h"
@@ -92,14 +93,7 @@ class LlamaModel final : public Model {
 };
 
 WeightMatrix LlamaModel::matrix(const std::string& name, int64_t rows, int64_t cols, bool count) {
-  const GgufTensor* t = file_->find_tensor(name);
-  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
-  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
-    std::string shape;
-    for (int64_t d : t->ne) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-    throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}, {}]", file_->path(),
-                            name, shape, cols, rows));
-  }
+  const GgufTensor* t = &require_matrix(*file_, name, rows, cols);
   const GgmlTypeTraits& traits = ggml_type_traits(t->type);
   if (!traits.weight_supported) {
     throw Error(fmt::format("{}: tensor '{}' has weight type {}, which specdec does not support",
@@ -119,16 +113,7 @@ WeightMatrix LlamaModel::matrix(const std::string& name, int64_t rows, int64_t c
 }
 
 const float* LlamaModel::vector(const std::string& name, int64_t n) {
-  const GgufTensor* t = file_->find_tensor(name);
-  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
-  if (t->ne.size() != 1 || t->ne[0] != n) {
-    throw Error(fmt::format("{}: tensor '{}' should be a vector of {} elements", file_->path(),
-                            name, n));
-  }
-  if (t->type != GgmlType::kF32) {
-    throw Error(fmt::format("{}: tensor '{}' has type {}, expected F32", file_->path(), name,
-                            ggml_type_traits(t->type).name));
-  }
+  const GgufTensor* t = &require_f32_vector(*file_, name, n);
   if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
     throw Error(fmt::format("{}: tensor '{}' is misaligned", file_->path(), name));
   }

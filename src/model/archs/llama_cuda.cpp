@@ -44,6 +44,7 @@
 
 #include "backend/cpu/ops.h"  // f32_to_f16, f16_to_f32
 #include "model/gguf.h"
+#include "model/weights.h"
 #include "util/check.h"
 
 namespace specdec {
@@ -368,14 +369,7 @@ const void* CudaLlamaModel::upload_tensor(const GgufTensor& t) {
 
 const GgufTensor& CudaLlamaModel::checked_matrix(const std::string& name, int64_t rows,
                                                  int64_t cols) const {
-  const GgufTensor* t = file_->find_tensor(name);
-  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
-  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
-    std::string shape;
-    for (int64_t d : t->ne) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-    throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}, {}]", file_->path(),
-                            name, shape, cols, rows));
-  }
+  const GgufTensor* t = &require_matrix(*file_, name, rows, cols);
   if (!cuda::matmul_supported(t->type)) {
     throw Error(fmt::format("{}: tensor '{}' has weight type {}, which the CUDA backend does not "
                             "support",
@@ -447,16 +441,7 @@ cuda::DeviceMatrix CudaLlamaModel::matrix(const std::string& name, int64_t rows,
 }
 
 const float* CudaLlamaModel::vector(const std::string& name, int64_t n) {
-  const GgufTensor* t = file_->find_tensor(name);
-  if (!t) throw Error(fmt::format("{}: tensor '{}' is missing", file_->path(), name));
-  if (t->ne.size() != 1 || t->ne[0] != n) {
-    throw Error(fmt::format("{}: tensor '{}' should be a vector of {} elements", file_->path(),
-                            name, n));
-  }
-  if (t->type != GgmlType::kF32) {
-    throw Error(fmt::format("{}: tensor '{}' has type {}, expected F32", file_->path(), name,
-                            ggml_type_traits(t->type).name));
-  }
+  const GgufTensor* t = &require_f32_vector(*file_, name, n);
   weight_bytes_ += static_cast<int64_t>(t->nbytes);
   return static_cast<const float*>(upload_tensor(*t));
 }
