@@ -6,33 +6,10 @@
 
 #include "backend/cpu/ops.h"  // f32_to_f16, f16_to_f32
 #include "backend/k_tiles.h"
+#include "kv/block_pieces.h"
 #include "util/check.h"
 
 namespace specdec {
-namespace {
-
-// Calls fn(offset, block, local, count) for the pieces of slots [slot, slot + n) that lie in one
-// block each, in slot order (offset = piece's first slot - slot).
-template <class F>
-void for_block_pieces(std::span<const int32_t> table, int64_t block_slots, int64_t slot, int64_t n,
-                      F&& fn) {
-  for (int64_t done = 0; done < n;) {
-    const int64_t s = slot + done;
-    const int64_t local = s % block_slots;
-    const int64_t count = std::min(n - done, block_slots - local);
-    fn(done, table[static_cast<size_t>(s / block_slots)], local, count);
-    done += count;
-  }
-}
-
-// Scratch of write / read: [n, n_kv_heads, head_dim] halves.
-uint16_t* halves_scratch(int64_t n) {
-  thread_local std::vector<uint16_t> halves;
-  if (halves.size() < static_cast<size_t>(n)) halves.resize(static_cast<size_t>(n));
-  return halves.data();
-}
-
-}  // namespace
 
 PagedKvStorage::PagedKvStorage(int n_layers, int n_kv_heads, int head_dim, int32_t n_blocks,
                                int64_t block_slots, KvType type,

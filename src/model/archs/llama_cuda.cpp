@@ -43,32 +43,13 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/ops.h"  // f32_to_f16, f16_to_f32
+#include "kv/block_pieces.h"
 #include "model/gguf.h"
 #include "model/weights.h"
 #include "util/check.h"
 
 namespace specdec {
 namespace {
-
-// Calls fn(offset, block, local, count) for the pieces of slots [slot, slot + n) that lie in one
-// block each, in slot order (offset = piece's first slot - slot).
-template <class F>
-void for_block_pieces(std::span<const int32_t> table, int64_t block_slots, int64_t slot, int64_t n,
-                      F&& fn) {
-  for (int64_t done = 0; done < n;) {
-    const int64_t s = slot + done;
-    const int64_t local = s % block_slots;
-    const int64_t count = std::min(n - done, block_slots - local);
-    fn(done, table[static_cast<size_t>(s / block_slots)], local, count);
-    done += count;
-  }
-}
-
-uint16_t* halves_scratch(int64_t n) {
-  thread_local std::vector<uint16_t> halves;
-  if (halves.size() < static_cast<size_t>(n)) halves.resize(static_cast<size_t>(n));
-  return halves.data();
-}
 
 template <class T>
 T* grow(std::vector<T>& v, size_t n) {
