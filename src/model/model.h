@@ -97,6 +97,15 @@ class Model {
 
   void set_dump(TensorDumpFn fn) { dump_ = std::move(fn); }
 
+  // The target's own (input) token embedding rows as floats, read from the GGUF on the host
+  // whatever the device: out[tokens.size(), dim]. Drafter heads (ReDrafter) share it frozen.
+  // Throws specdec::Error for a token id out of range. Thread-safe.
+  void embed_tokens(std::span<const int32_t> tokens, float* out) const;
+  // A fingerprint of this model for drafter heads trained on it: architecture, vocabulary size,
+  // width and an xxh64 of the token embedding's bytes, e.g. "llama:49152:576:6f1c...". A head
+  // trained for another model (or another quantization of its embedding) has another one.
+  std::string fingerprint() const;
+
   // For tests and experiments: the forward pass reads the config on every call, so changing it
   // (e.g. a wrong RoPE base) changes the model. Shapes must not be changed.
   ModelConfig& mutable_config() { return config_; }

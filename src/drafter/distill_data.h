@@ -1,0 +1,66 @@
+// Training data for drafter heads by self-distillation: prompts answered by the target itself
+// (generated with the engine's batching), then the target's final-normed hidden state at every
+// position of prompt + answer, computed once and reused across epochs.
+//
+// Training position i of a sequence (tokens t_0 .. t_{L-1}) pairs the hidden state h_i (the
+// target's output at t_i, which predicts t_{i+1}) with the root t_{i+1} and the tokens the head
+// must draft after it: t_{i+2}, ..., t_{i+1+C}. Only positions whose root lies in the answer
+// are trained on (the head drafts what the target writes, not what users write).
+//
+// File (little-endian): magic "SDDS", u32 version 1, u32 dim, u64 n_seqs, u64 n_tokens,
+// then i64 seq_offsets[n_seqs + 1], i32 n_prompt[n_seqs], i32 tokens[n_tokens],
+// u16 hidden[n_tokens, dim] (IEEE half), then a UTF-8 JSON string of facts (u64 length + bytes).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace specdec {
+
+class Model;
+class Tokenizer;
+class ThreadPool;
+
+struct DistillDataset {
+  int dim = 0;
+  std::vector<int64_t> seq_offsets;  // [n_seqs + 1] into tokens / hidden rows
+  std::vector<int32_t> n_prompt;     // [n_seqs] prompt tokens at the start of each sequence
+  std::vector<int32_t> tokens;       // [n_tokens] prompt + answer of every sequence
+  std::vector<uint16_t> hidden;      // [n_tokens, dim] f16: final-normed hidden at each token
+  std::string facts;                 // JSON: target fingerprint, prompts file, sampling, ...
+
+  int64_t n_seqs() const { return static_cast<int64_t>(n_prompt.size()); }
+  int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  // Row of `hidden` as floats: out[dim].
+  void hidden_row(int64_t token_index, float* out) const;
+};
+
+struct DistillOptions {
+  int max_prompt_tokens = 512;  // longer prompts are skipped (counted in the report)
+  int max_new_tokens = 256;     // answer length at most
+  float temperature = 0.0f;     // 0: greedy answers
+  uint64_t seed = 1;
+  bool chat = true;             // apply the model's chat template to each prompt
+  int max_prompts = 0;          // 0: all
+};
+
+// Answers `prompts` with the target (batched engine), then runs prompt + answer through the
+// target once more to record the hidden states. progress(done, total) is called as answers
+// finish. Throws specdec::Error (bad prompt file content, no prompt usable).
+DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
+                                     std::span<const std::string> prompts,
+                                     const DistillOptions& options, ThreadPool* pool,
+                                     const std::function<void(int64_t, int64_t)>& progress = {});
+
+void save_distill_dataset(const std::string& path, const DistillDataset& d);
+// specdec::Error naming the file when it is missing, truncated or malformed.
+DistillDataset load_distill_dataset(const std::string& path);
+
+// The n most frequent tokens among the answers' tokens (ties by id), as the draft vocabulary of
+// a head: [min(n, distinct tokens)].
+std::vector<int32_t> choose_draft_vocab(const DistillDataset& d, int n);
+
+}  // namespace specdec
