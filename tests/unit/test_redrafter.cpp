@@ -1,0 +1,353 @@
+// ReDrafter inference pieces against references: the safetensors round trip and its errors, the
+// head file, one batched head step (F32: equal to the scalar reference; Q8_0: close), beam
+// search against a plain reference search over redrafter_step_ref, and beam-to-tree packing
+// against a brute-force prefix enumeration on random beams (node count, parents, depths, mask,
+// each beam recovered from its end node, the node budget).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/test_paths.h"
+#include "drafter/beam_search.h"
+#include "drafter/beam_tree.h"
+#include "drafter/redrafter_head.h"
+#include "drafter/redrafter_weights.h"
+#include "drafter/safetensors.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "util/check.h"
+
+namespace specdec {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("specdec_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+// A head with random weights of the given shape over the first vd ids of a vocabulary of nv.
+ReDrafterWeights random_head(int dim, int s, int blocks, int vd, int nv, uint64_t seed,
+                             float scale = 0.3f) {
+  ReDrafterShape sh{dim, s, blocks, vd, nv};
+  std::vector<int32_t> vocab(vd);
+  std::mt19937_64 rng(seed);
+  // Distinct ids spread over the vocabulary.
+  std::vector<int32_t> all(nv);
+  for (int i = 0; i < nv; ++i) all[i] = i;
+  std::shuffle(all.begin(), all.end(), rng);
+  std::copy_n(all.begin(), vd, vocab.begin());
+  ReDrafterWeights w = make_redrafter(sh, vocab, "test:fingerprint");
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& v, float sd) {
+    for (float& x : v) x = nd(rng) * sd;
+  };
+  fill(w.w_embed, scale / std::sqrt(static_cast<float>(dim)) * 4);
+  fill(w.w_state, scale / std::sqrt(static_cast<float>(s)) * 4);
+  fill(w.b_state, 0.1f);
+  for (int l = 0; l < blocks; ++l) {
+    fill(w.w_block[l], scale / std::sqrt(static_cast<float>(sh.width())) * 4);
+    fill(w.b_block[l], 0.1f);
+  }
+  fill(w.w_out, 1.0f / std::sqrt(static_cast<float>(sh.width())) * 4);
+  return w;
+}
+
+TEST(Safetensors, RoundTripKeepsEveryTensorAndTheMetadata) {
+  StFile f;
+  f.metadata = {{"a", "1"}, {"kind", "test"}};
+  const std::vector<float> x = {1.0f, -2.5f, 3.25f, 0.0f, 1e-3f, 7.0f};
+  const std::vector<int32_t> ids = {5, 1, 9};
+  f.tensors.push_back(st_from_f32("x32", {2, 3}, x, StDtype::kF32));
+  f.tensors.push_back(st_from_f32("x16", {6}, x, StDtype::kF16));
+  f.tensors.push_back(st_from_f32("xbf", {3, 2}, x, StDtype::kBF16));
+  f.tensors.push_back(st_from_i32("ids", {3}, ids));
+  const std::string path = temp_path("rt.safetensors");
+  write_safetensors(path, f);
+  const StFile g = read_safetensors(path);
+  EXPECT_EQ(g.metadata, f.metadata);
+  ASSERT_EQ(g.tensors.size(), 4u);
+  EXPECT_EQ(g.find("x32")->to_f32(), x);
+  EXPECT_EQ(g.find("x32")->shape, (std::vector<int64_t>{2, 3}));
+  const std::vector<float> h = g.find("x16")->to_f32();
+  const std::vector<float> b = g.find("xbf")->to_f32();
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(h[i], x[i], std::fabs(x[i]) * 1e-3 + 1e-6);
+    EXPECT_NEAR(b[i], x[i], std::fabs(x[i]) * 1e-2 + 1e-6);
+  }
+  EXPECT_EQ(g.find("ids")->to_i32(), ids);
+  EXPECT_THROW(g.find("ids")->to_f32(), Error);
+  const int64_t want[] = {3, 2};
+  EXPECT_THROW(g.require(path, "x32", want), Error);
+  EXPECT_THROW(g.require(path, "nope", want), Error);
+  std::filesystem::remove(path);
+}
+
+TEST(Safetensors, MalformedFilesAreClearErrors) {
+  StFile f;
+  f.tensors.push_back(st_from_f32("w", {4, 4}, std::vector<float>(16, 1.0f)));
+  const std::string path = temp_path("bad.safetensors");
+  write_safetensors(path, f);
+  std::string bytes = test::read_file(path);
+  auto write = [&](const std::string& content) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+  };
+  // Truncated data.
+  write(bytes.substr(0, bytes.size() - 5));
+  EXPECT_THROW(read_safetensors(path), Error);
+  // Header length past the end.
+  std::string big = bytes;
+  big[6] = 1;
+  write(big);
+  EXPECT_THROW(read_safetensors(path), Error);
+  // Not JSON.
+  std::string nj = bytes;
+  nj[8] = '[';
+  nj[9] = '[';
+  write(nj);
+  EXPECT_THROW(read_safetensors(path), Error);
+  // Too short.
+  write("abc");
+  EXPECT_THROW(read_safetensors(path), Error);
+  EXPECT_THROW(read_safetensors(temp_path("missing.safetensors")), Error);
+  // Two tensors on the same bytes.
+  const std::string hdr =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  std::string ov(8, '\0');
+  uint64_t n = hdr.size();
+  for (int i = 0; i < 8; ++i, n >>= 8) ov[i] = static_cast<char>(n & 0xff);
+  write(ov + hdr + std::string(12, '\0'));
+  EXPECT_THROW(read_safetensors(path), Error);
+  std::filesystem::remove(path);
+}
+
+TEST(ReDrafterWeights, HeadFileRoundTripAndChecks) {
+  ReDrafterWeights w = random_head(64, 32, 2, 40, 512, 7);
+  w.info["train.steps"] = "12";
+  const std::string path = temp_path("head.safetensors");
+  save_redrafter(path, w);
+  const ReDrafterWeights r = load_redrafter(path);
+  EXPECT_EQ(r.shape.dim, 64);
+  EXPECT_EQ(r.shape.state_dim, 32);
+  EXPECT_EQ(r.shape.n_blocks, 2);
+  EXPECT_EQ(r.shape.n_draft_vocab, 40);
+  EXPECT_EQ(r.draft_vocab, w.draft_vocab);
+  EXPECT_EQ(r.w_out, w.w_out);
+  EXPECT_EQ(r.w_block[1], w.w_block[1]);
+  EXPECT_EQ(r.target_fingerprint, "test:fingerprint");
+  EXPECT_EQ(r.info.at("train.steps"), "12");
+  // A repeated vocabulary id is refused.
+  ReDrafterWeights bad = w;
+  bad.draft_vocab[3] = bad.draft_vocab[4];
+  save_redrafter(path, bad);
+  EXPECT_THROW(load_redrafter(path), Error);
+  // A head for another model is refused by name.
+  std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
+  try {
+    check_redrafter_target(w, *tiny, path);
+    FAIL() << "no error for a head of another model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another model"), std::string::npos) << e.what();
+  }
+  ReDrafterWeights ok = w;
+  ok.target_fingerprint = tiny->fingerprint();
+  EXPECT_NO_THROW(check_redrafter_target(ok, *tiny, path));
+  std::filesystem::remove(path);
+}
+
+TEST(ReDrafterHead, BatchedStepEqualsTheReference) {
+  const int dim = 64, s = 32, vd = 50;
+  const ReDrafterWeights w = random_head(dim, s, 2, vd, 512, 11);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  const int n = 5;
+  std::vector<float> h(dim), in(n * (dim + s));
+  for (float& x : h) x = nd(rng);
+  for (float& x : in) x = nd(rng);
+  std::vector<float> s_ref(n * s), l_ref(n * vd);
+  for (int r = 0; r < n; ++r) {
+    redrafter_step_ref(w, h.data(), in.data() + r * (dim + s), in.data() + r * (dim + s) + dim,
+                       s_ref.data() + r * s, l_ref.data() + r * vd);
+  }
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    ReDrafterHead head(w, type);
+    EXPECT_EQ(head.weight_type(), type);
+    ReDrafterScratch scratch;
+    std::vector<float> s_out(n * s), logits(n * vd);
+    head.step(h, in.data(), n, s_out.data(), logits.data(), &scratch, nullptr);
+    // Relative to the largest logit: F16 weights round to 11 bits, Q8_0 weights and activations
+    // to 8.
+    double scale = 1.0;
+    for (float x : l_ref) scale = std::max(scale, std::fabs(double(x)));
+    const double tol =
+        (type == GgmlType::kF32 ? 1e-5 : type == GgmlType::kF16 ? 2e-3 : 3e-2) * scale;
+    double worst = 0;
+    for (int i = 0; i < n * vd; ++i) worst = std::max(worst, std::fabs(double(logits[i]) - l_ref[i]));
+    for (int i = 0; i < n * s; ++i) worst = std::max(worst, std::fabs(double(s_out[i]) - s_ref[i]));
+    EXPECT_LT(worst, tol) << ggml_type_name(static_cast<uint32_t>(type));
+    std::printf("%s: worst difference %.4f, largest logit %.2f\n",
+                ggml_type_name(static_cast<uint32_t>(type)).c_str(), worst, scale);
+    // Each row is independent of the others in the batch.
+    std::vector<float> s1(s), l1(vd);
+    head.step(h, in.data() + 3 * (dim + s), 1, s1.data(), l1.data(), &scratch, nullptr);
+    for (int i = 0; i < vd; ++i) ASSERT_EQ(l1[i], logits[3 * vd + i]) << ggml_type_name(static_cast<uint32_t>(type));
+  }
+}
+
+// A plain beam search over the scalar reference: every (beam, token) candidate scored in double,
+// the M best kept (ties: lower beam, then lower index).
+void reference_beams(const ReDrafterWeights& w, const Model& target, const std::vector<float>& h,
+                     int32_t root, int m, int len, std::vector<std::vector<int32_t>>* beams,
+                     std::vector<double>* scores) {
+  const int dim = w.shape.dim, s = w.shape.state_dim, vd = w.shape.n_draft_vocab;
+  struct B {
+    std::vector<int32_t> toks;  // draft indices
+    std::vector<float> state;
+    double score;
+    int32_t last;
+  };
+  std::vector<B> live = {{{}, std::vector<float>(s, 0.0f), 0.0, root}};
+  for (int k = 0; k < len; ++k) {
+    struct C {
+      double score;
+      int row, v;
+      std::vector<float> st;
+    };
+    std::vector<C> cands;
+    for (int r = 0; r < static_cast<int>(live.size()); ++r) {
+      std::vector<float> e(dim), so(s), lg(vd);
+      target.embed_tokens({&live[r].last, 1}, e.data());
+      redrafter_step_ref(w, h.data(), e.data(), live[r].state.data(), so.data(), lg.data());
+      double mx = -1e30, sum = 0;
+      for (float x : lg) mx = std::max<double>(mx, x);
+      for (float x : lg) sum += std::exp(x - mx);
+      for (int v = 0; v < vd; ++v) cands.push_back({live[r].score + lg[v] - mx - std::log(sum), r, v, so});
+    }
+    std::stable_sort(cands.begin(), cands.end(), [](const C& a, const C& b) { return a.score > b.score; });
+    std::vector<B> next;
+    for (int i = 0; i < std::min<int>(m, cands.size()); ++i) {
+      B b = live[cands[i].row];
+      b.toks.push_back(cands[i].v);
+      b.state = cands[i].st;
+      b.score = cands[i].score;
+      b.last = w.draft_vocab[cands[i].v];
+      next.push_back(b);
+    }
+    live = next;
+  }
+  beams->clear();
+  scores->clear();
+  for (const B& b : live) {
+    std::vector<int32_t> ids;
+    for (int32_t v : b.toks) ids.push_back(w.draft_vocab[v]);
+    beams->push_back(ids);
+    scores->push_back(b.score);
+  }
+}
+
+TEST(ReDrafterBeamSearch, MatchesAReferenceSearch) {
+  std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
+  const int dim = tiny->config().dim;
+  for (uint64_t seed : {1, 2, 3, 4, 5}) {
+    const ReDrafterWeights w = random_head(dim, 32, 2, 30, tiny->config().n_vocab, seed);
+    ReDrafterHead head(w, GgmlType::kF32);
+    ReDrafterBeamSearch search(head, *tiny);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    std::vector<float> h(dim);
+    for (float& x : h) x = nd(rng);
+    for (auto [m, len] : {std::pair{1, 4}, std::pair{3, 3}, std::pair{5, 4}, std::pair{4, 1}}) {
+      Beams got;
+      search.run(h, 17, BeamSearchConfig{m, len}, &got, nullptr);
+      std::vector<std::vector<int32_t>> want;
+      std::vector<double> want_scores;
+      reference_beams(w, *tiny, h, 17, m, len, &want, &want_scores);
+      ASSERT_EQ(got.n, static_cast<int>(want.size()));
+      for (int b = 0; b < got.n; ++b) {
+        const std::vector<int32_t> toks(got.tokens.begin() + b * len, got.tokens.begin() + (b + 1) * len);
+        EXPECT_EQ(toks, want[b]) << "seed " << seed << " M " << m << " C " << len << " beam " << b;
+        EXPECT_NEAR(got.scores[b], want_scores[b], 1e-3);
+        if (b > 0) EXPECT_LE(got.scores[b], got.scores[b - 1]);
+      }
+    }
+  }
+}
+
+TEST(BeamTree, PackingMatchesABruteForcePrefixTree) {
+  std::mt19937 rng(42);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 6);
+    const int len = 1 + static_cast<int>(rng() % 5);
+    const int alphabet = 2 + static_cast<int>(rng() % 3);  // small: prefixes collide often
+    std::vector<int32_t> beams(n * len);
+    for (int32_t& t : beams) t = 100 + static_cast<int32_t>(rng() % alphabet);
+    const int budget = trial % 3 == 0 ? static_cast<int>(rng() % (n * len + 1)) : n * len;
+    TokenTree tree;
+    tree.reset(7);
+    std::vector<int32_t> ends;
+    const int added = pack_beams(beams, n, len, budget, &tree, &ends);
+    ASSERT_EQ(added, tree.num_drafts());
+    ASSERT_LE(added, budget);
+    // Brute force: the distinct prefixes in the order beams introduce them, cut at the budget.
+    std::vector<std::vector<int32_t>> prefixes;
+    std::set<std::vector<int32_t>> seen;
+    bool full = false;
+    for (int b = 0; b < n && !full; ++b) {
+      for (int k = 1; k <= len; ++k) {
+        std::vector<int32_t> p(beams.begin() + b * len, beams.begin() + b * len + k);
+        if (seen.count(p)) continue;
+        if (static_cast<int>(prefixes.size()) == budget) {
+          full = true;
+          break;
+        }
+        seen.insert(p);
+        prefixes.push_back(p);
+      }
+    }
+    ASSERT_EQ(tree.num_drafts(), static_cast<int>(prefixes.size())) << "trial " << trial;
+    // Node i+1 is prefix i: its token, depth, parent (the node of the prefix one shorter).
+    std::map<std::vector<int32_t>, int> node_of;
+    node_of[{}] = 0;
+    for (size_t i = 0; i < prefixes.size(); ++i) {
+      const int node = static_cast<int>(i) + 1;
+      const std::vector<int32_t>& p = prefixes[i];
+      node_of[p] = node;
+      EXPECT_EQ(tree.token(node), p.back());
+      EXPECT_EQ(tree.depth(node), static_cast<int>(p.size()));
+      EXPECT_EQ(tree.parent(node), node_of.at(std::vector<int32_t>(p.begin(), p.end() - 1)));
+    }
+    // Mask: node i sees node j iff prefix j is a prefix of prefix i.
+    std::vector<uint8_t> mask;
+    tree.build_mask(&mask);
+    const int sz = tree.size();
+    for (int i = 1; i < sz; ++i) {
+      for (int j = 1; j < sz; ++j) {
+        const auto& pi = prefixes[i - 1];
+        const auto& pj = prefixes[j - 1];
+        const bool anc = pj.size() <= pi.size() && std::equal(pj.begin(), pj.end(), pi.begin());
+        EXPECT_EQ(mask[i * sz + j] != 0, anc);
+      }
+      EXPECT_EQ(mask[i * sz + 0], 1);
+    }
+    // Unpacking: each beam's end node's path is the beam's longest prefix in the tree.
+    for (int b = 0; b < n; ++b) {
+      std::vector<int32_t> path;
+      tree.path_to(ends[b], &path);
+      std::vector<int32_t> toks;
+      for (int32_t node : path) toks.push_back(tree.token(node));
+      int k = 0;
+      while (k < len && seen.count(std::vector<int32_t>(beams.begin() + b * len, beams.begin() + b * len + k + 1))) ++k;
+      EXPECT_EQ(toks, std::vector<int32_t>(beams.begin() + b * len, beams.begin() + b * len + k));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specdec
