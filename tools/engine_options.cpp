@@ -57,7 +57,11 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
     *description = "none";
     return p;
   }
-  p.method = o.spec == "ngram" ? SpecMethod::kNgram : SpecMethod::kDraft;
+  p.method = o.spec == "ngram"       ? SpecMethod::kNgram
+             : o.spec == "redrafter" ? SpecMethod::kReDrafter
+                                     : SpecMethod::kDraft;
+  p.beams = o.beams;
+  p.beam_length = o.beam_length;
   p.num_draft = length_policy.max_draft;
   p.adaptive = length_policy.adaptive;
   p.ngram_min = o.ngram_min;
@@ -73,6 +77,9 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   if (p.method == SpecMethod::kNgram) {
     *description = fmt::format("ngram (n {}..{}, {}, {})", o.ngram_min, o.ngram_max,
                                width > 1 ? fmt::format("tree width {}", width) : "chain", length);
+  } else if (p.method == SpecMethod::kReDrafter) {
+    *description = fmt::format("redrafter ({} beams x {} tokens, {})", o.beams, o.beam_length,
+                               length);
   } else {
     *description = fmt::format("draft model {} ({}, {})", o.draft_model,
                                width > 1 ? fmt::format("top-{} at {} levels", width, depth)

@@ -66,7 +66,9 @@ void run_generate(GenerateOptions& o, bool pool_size_given) {
   Request request;
   request.spec = make_spec_params(o.spec, &spec_desc);
   std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false, device);
+  const std::unique_ptr<ReDrafterHead> head = load_drafter_head(o.spec, *model, /*quiet=*/false);
   EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get());
+  config.drafter_head = head.get();
   if (!pool_size_given) {  // one request: a pool of exactly its context
     config.kv_blocks = static_cast<int32_t>((ctx + config.block_size - 1) / config.block_size);
   }

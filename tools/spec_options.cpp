@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include "cli_common.h"
+#include "drafter/head_registry.h"
+#include "drafter/redrafter_proposer.h"
+#include "drafter/redrafter_weights.h"
 #include "speculative/draft_model.h"
 #include "speculative/ngram.h"
 #include "util/check.h"
@@ -11,8 +14,17 @@
 namespace specdec::cli {
 
 void add_spec_options(CLI::App* cmd, SpecOptions* o) {
-  cmd->add_option("--spec", o->spec, "Speculative method: none, ngram (prompt lookup), draft")
-      ->check(CLI::IsMember({"none", "ngram", "draft"}))->capture_default_str();
+  cmd->add_option("--spec", o->spec,
+                  "Speculative method: none, ngram (prompt lookup), draft, redrafter (a trained "
+                  "recurrent drafter head)")
+      ->check(CLI::IsMember({"none", "ngram", "draft", "redrafter"}))->capture_default_str();
+  cmd->add_option("--drafter", o->drafter,
+                  "ReDrafter head (.safetensors) for --spec redrafter; default: the head trained "
+                  "for this model in $SPECDEC_HEADS, the source tree's heads/ or <cache>/heads");
+  cmd->add_option("--beams", o->beams, "ReDrafter: beams of the head's beam search")
+      ->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--beam-length", o->beam_length, "ReDrafter: draft tokens per beam")
+      ->check(CLI::Range(1, 16))->capture_default_str();
   cmd->add_option("--draft-model", o->draft_model, "GGUF draft model for --spec draft (same vocabulary)");
   cmd->add_option("--num-draft", o->num_draft,
                   "Draft tokens per step: N (fixed) or auto (adaptive, at most --num-draft-max)")
@@ -57,7 +69,11 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
   if (o.ngram_min > o.ngram_max) {
     throw Error(fmt::format("--ngram-min {} is larger than --ngram-max {}", o.ngram_min, o.ngram_max));
   }
-  if (o.num_draft == "auto") {
+  if (o.spec == "redrafter" && o.num_draft == "auto") {
+    // The tree of M beams of C tokens, every node verified (adaptive beam shapes: not yet).
+    dl.adaptive = false;
+    dl.max_draft = std::min(64, o.beams * o.beam_length);
+  } else if (o.num_draft == "auto") {
     dl.adaptive = true;
     dl.max_draft = o.num_draft_max;
   } else {
@@ -77,6 +93,11 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
   }
   if (o.spec == "draft" && o.draft_model.empty()) {
     throw Error("--spec draft needs --draft-model PATH");
+  }
+  if (o.spec != "redrafter" && !o.drafter.empty()) throw Error("--drafter needs --spec redrafter");
+  if (o.beams < 1 || o.beams > 64 || o.beam_length < 1 || o.beam_length > 16) {
+    throw Error(fmt::format("--beams must be in [1, 64] and --beam-length in [1, 16], got {} and {}",
+                            o.beams, o.beam_length));
   }
   return dl;
 }
@@ -125,7 +146,44 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
         width > 1 ? fmt::format("top-{} at {} levels", width, depth) : "chain", length_desc);
     return setup;
   }
+  if (o.spec == "redrafter") {
+    setup.drafter_head = load_drafter_head(o, target, quiet);
+    setup.draft_token_cost = static_cast<double>(setup.drafter_head->weight_bytes()) /
+                             static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
+    setup.proposer = std::make_unique<ReDrafterProposer>(
+        *setup.drafter_head, target, pool, BeamSearchConfig{o.beams, o.beam_length});
+    setup.description = fmt::format("redrafter ({} beams x {} tokens, {})", o.beams,
+                                    o.beam_length, length_desc);
+    return setup;
+  }
   throw Error(fmt::format("unknown --spec '{}'", o.spec));
+}
+
+std::unique_ptr<ReDrafterHead> load_drafter_head(const SpecOptions& o, const Model& target,
+                                                 bool quiet) {
+  if (o.spec != "redrafter") return nullptr;
+  std::string path = o.drafter;
+  if (path.empty()) {
+    path = find_drafter_head(target, "redrafter");
+    if (path.empty()) {
+      std::string dirs;
+      for (const std::string& d : drafter_head_dirs()) dirs += (dirs.empty() ? "" : ", ") + d;
+      throw Error(fmt::format(
+          "--spec redrafter: no ReDrafter head trained for this model was found (searched {}); "
+          "name one with --drafter FILE or train one with `specdec train-drafter`",
+          dirs));
+    }
+  }
+  const ReDrafterWeights w = load_redrafter(path);
+  check_redrafter_target(w, target, path);
+  auto head = std::make_unique<ReDrafterHead>(w);
+  if (!quiet) {
+    fmt::print(stderr, "drafter: {} ({:.1f}M parameters, {} draft tokens, {:.1f} MB a step as {})\n",
+               path, static_cast<double>(w.shape.num_params()) / 1e6, w.shape.n_draft_vocab,
+               static_cast<double>(head->weight_bytes()) / 1e6,
+               ggml_type_name(static_cast<uint32_t>(head->weight_type())));
+  }
+  return head;
 }
 
 }  // namespace specdec::cli

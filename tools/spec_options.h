@@ -7,6 +7,7 @@
 
 #include "engine/generator.h"
 #include "model/model.h"
+#include "drafter/redrafter_head.h"
 #include "speculative/proposer.h"
 
 namespace CLI {
@@ -16,8 +17,11 @@ class App;
 namespace specdec::cli {
 
 struct SpecOptions {
-  std::string spec = "none";  // none | ngram | draft
+  std::string spec = "none";  // none | ngram | draft | redrafter
   std::string draft_model;
+  std::string drafter;        // redrafter: the head file ("" = the one trained for the model)
+  int beams = 4;              // redrafter: beam search width M
+  int beam_length = 4;        // redrafter: tokens per beam C
   std::string num_draft = "auto";  // N (fixed) or auto (adaptive, at most --num-draft-max)
   int num_draft_max = 8;
   std::string tree;  // "WIDTH,DEPTH": ngram: merge WIDTH continuations; draft: top-WIDTH at DEPTH levels
@@ -32,6 +36,7 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o);
 // What a run with speculation needs; proposer is null for --spec none.
 struct SpecSetup {
   std::unique_ptr<Model> draft_model;
+  std::unique_ptr<ReDrafterHead> drafter_head;
   std::unique_ptr<Proposer> proposer;
   DraftLengthConfig draft_length;
   double draft_token_cost = 0.0;  // a draft model's token in target passes (its bytes / target's)
@@ -49,5 +54,11 @@ void parse_tree_option(const std::string& s, int* width, int* depth);
 SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool, int64_t ctx_size,
                     const SamplingParams& target_sampling, bool quiet,
                     Device device = Device::kCpu);
+
+// The ReDrafter head of --spec redrafter (null otherwise): --drafter, or the head found for
+// `target` (drafter/head_registry.h); specdec::Error when none is found or it was trained for
+// another model. Prints what it loaded unless quiet.
+std::unique_ptr<ReDrafterHead> load_drafter_head(const SpecOptions& o, const Model& target,
+                                                 bool quiet);
 
 }  // namespace specdec::cli

@@ -30,9 +30,10 @@ namespace specdec {
 class Model;
 class Tokenizer;
 class ThreadPool;
+class ReDrafterHead;
 
 // Speculative decoding of one request.
-enum class SpecMethod { kNone, kNgram, kDraft };
+enum class SpecMethod { kNone, kNgram, kDraft, kReDrafter };
 
 struct SpecParams {
   SpecMethod method = SpecMethod::kNone;
@@ -44,6 +45,8 @@ struct SpecParams {
   int tree_depth = 0;     // draft: levels that branch
   float draft_p_min = 0;  // draft: stop when its top probability falls below this
   float draft_temp = -1;  // draft: its sampling temperature; < 0: the request's
+  int beams = 4;          // ReDrafter: beams M of the head's beam search
+  int beam_length = 4;    // ReDrafter: tokens C per beam
 };
 
 enum class RequestState { kWaiting, kRunning, kFinished };
@@ -118,6 +121,8 @@ struct EngineConfig {
   int64_t max_context = 0;      // tokens per sequence; 0: the model's training context
   std::string kv_type = "f16";  // K/V storage: f16 or f32
   Model* draft_model = nullptr;  // for SpecMethod::kDraft (same vocabulary as the target)
+  // For SpecMethod::kReDrafter: a head trained for this model (check_redrafter_target).
+  const ReDrafterHead* drafter_head = nullptr;
   // Blocks of the draft model's own KV pool (block_size slots each; the draft runs batched over
   // the requests). 0: as many as the target's pool, but no more than max_seqs full draft
   // contexts (every running request's draft cache fits).

@@ -183,6 +183,39 @@ StTensor st_from_i32(std::string name, std::vector<int64_t> shape, std::span<con
   return t;
 }
 
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot open the file", path));
+  in.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  uint8_t len_bytes[8];
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8)) {
+    throw Error(fmt::format("{}: not a safetensors file (under 8 bytes)", path));
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeader || header_len > file_size - 8) {
+    throw Error(fmt::format("{}: header length {} does not fit the file", path, header_len));
+  }
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) {
+    throw Error(fmt::format("{}: truncated header", path));
+  }
+  std::map<std::string, std::string> meta;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(header);
+    if (j.is_object() && j.contains("__metadata__") && j["__metadata__"].is_object()) {
+      for (auto m = j["__metadata__"].begin(); m != j["__metadata__"].end(); ++m) {
+        if (m->is_string()) meta[m.key()] = m->get<std::string>();
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: the header is not valid JSON ({})", path, e.what()));
+  }
+  return meta;
+}
+
 StFile read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("{}: cannot open the file", path));

@@ -50,6 +50,8 @@ StTensor st_from_i32(std::string name, std::vector<int64_t> shape, std::span<con
 
 // Throws specdec::Error (naming the file) when it cannot be read or is malformed.
 StFile read_safetensors(const std::string& path);
+// Only the header's metadata (cheap: the tensors are not read); specdec::Error as above.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 // Writes to path + ".tmp" and renames, so a crash never leaves a half-written file at `path`.
 void write_safetensors(const std::string& path, const StFile& file);
 

@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include "backend/kv_type.h"
+#include "drafter/redrafter_proposer.h"
 #include "engine/logprobs.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
@@ -94,7 +95,9 @@ class Engine::Impl {
   // Emits one token; false when the sequence finished with it.
   bool emit(Sequence& s, int32_t token);
   void finish(Sequence& s, StopReason reason, std::string error = {});
-  void after_pass(Entry& e, std::span<const float> logits);
+  // hidden: [rows, dim] of the entry's output rows when the pass returned hidden states, else
+  // empty.
+  void after_pass(Entry& e, std::span<const float> logits, std::span<const float> hidden);
   void deliver();
   void take_incoming();
   void update_stats();
@@ -266,6 +269,15 @@ SubmitResult Engine::Impl::check_request(const Request& r) const {
     return refuse("ngram", fmt::format("n-gram sizes must satisfy 1 <= min <= max, got {}..{}",
                                        sp.ngram_min, sp.ngram_max));
   }
+  if (sp.method == SpecMethod::kReDrafter) {
+    if (config_.drafter_head == nullptr) {
+      return refuse("spec", "ReDrafter speculation needs a drafter head loaded (--drafter)");
+    }
+    if (sp.beams < 1 || sp.beams > 64 || sp.beam_length < 1 || sp.beam_length > 16) {
+      return refuse("beams", fmt::format("beams must be in [1, 64] and beam length in [1, 16], "
+                                         "got {} x {}", sp.beams, sp.beam_length));
+    }
+  }
   if (sp.method == SpecMethod::kDraft && config_.draft_model == nullptr) {
     return refuse("spec",
                   "speculation with a draft model needs a draft model loaded (--draft-model)");
@@ -302,6 +314,10 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
       const DraftModelConfig c = draft_model_config(r);
       DraftDecoder::validate(c);
       s.draft_model = c;  // added to the drafter by the stepping thread (take_incoming)
+    } else if (r.spec.method == SpecMethod::kReDrafter) {
+      s.proposer = std::make_unique<ReDrafterProposer>(
+          *config_.drafter_head, model_, thread_pool_,
+          BeamSearchConfig{r.spec.beams, r.spec.beam_length});
     }
   } catch (const Error& e) {
     *error = e.what();
@@ -446,7 +462,6 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     Sequence& s = *p.seq;
     s.tree.reset(s.tokens.back());
     if (!s.decoding() || !s.speculates() || n_spec == 0) continue;
-    if (s.proposer && s.proposer->wants_hidden()) continue;
     int64_t k = s.draft_length->next_length();
     // Room: the tree's slots after the computed tokens, the tokens still allowed, the budget.
     k = std::min<int64_t>(k, s.max_context - static_cast<int64_t>(s.tokens.size()) - 1);
@@ -469,6 +484,7 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     DraftRequest req;
     req.tokens = s.tokens;
     req.max_tokens = static_cast<int>(k);
+    if (s.proposer->wants_hidden()) req.target_hidden = s.hidden;
     try {
       s.proposer->propose(req, &s.tree);
     } catch (const Error& e) {
@@ -496,14 +512,23 @@ void Engine::Impl::reserve_tree(Sequence& s, int64_t max_drafts) {
   if (!kv_->reserve(&s.table, s.n_computed + s.tree.size())) s.tree.reset(s.tokens.back());
 }
 
-void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
+void Engine::Impl::after_pass(Entry& e, std::span<const float> logits,
+                              std::span<const float> hidden) {
   Sequence& s = *e.seq;
   const int n_vocab = model_.config().n_vocab;
+  const int dim = model_.config().dim;
+  // The hidden state of output row `row` becomes the one before the next root.
+  auto keep_hidden = [&](int row) {
+    if (!s.proposer || !s.proposer->wants_hidden() || hidden.empty()) return;
+    const float* h = hidden.data() + static_cast<size_t>(row) * dim;
+    s.hidden.assign(h, h + dim);
+  };
   s.stats.n_computed += e.tree ? s.tree.size() : e.n_tokens;
   if (!e.tree) {
     s.n_computed += e.n_tokens;
     // The end of the prompt (a recompute after preemption stops before the root instead).
     if (!e.rows.empty()) {
+      keep_hidden(0);
       const int32_t token = sample_first(s, logits);
       if (s.request.logprobs >= 0) {
         s.out.logprobs.push_back(token_logprob(logits, token, s.request.logprobs));
@@ -523,7 +548,7 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
       stats_.accepted += n_acc;
       ++stats_.spec_passes;
       EngineStats::SpecCounters& m =
-          stats_.spec[s.request.spec.method == SpecMethod::kDraft ? "draft" : "ngram"];
+          stats_.spec[s.request.spec.method == SpecMethod::kDraft ? "draft" : s.proposer->name()];
       m.drafted += n - 1;
       m.accepted += n_acc;
       ++m.passes;
@@ -544,6 +569,7 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits) {
       storage_->copy_slot(s.table.blocks, base + verdict_.accepted_nodes[i], base + 1 + i);
     }
     s.n_computed = base + 1 + n_acc;
+    keep_hidden(verdict_.final_node);
     if (s.proposer) {
       s.proposer->observe({verdict_.tokens.data(), static_cast<size_t>(n_acc)}, verdict_.bonus);
     }
@@ -611,6 +637,7 @@ bool Engine::Impl::step() {
       b.positions = e.positions;
       b.mask = e.mask;
       b.output_rows = e.rows;
+      b.want_hidden = s.proposer != nullptr && s.proposer->wants_hidden() && !e.rows.empty();
       batches_[i].kv = kv_->seq_kv(s.table, s.n_computed);
     }
     ForwardResult r;
@@ -623,15 +650,18 @@ bool Engine::Impl::step() {
       entries_.clear();
     }
     const int n_vocab = model_.config().n_vocab;
+    const size_t dim = static_cast<size_t>(model_.config().dim);
     size_t row = 0;
     int64_t computed = 0;
     for (Entry& e : entries_) {
       const std::span<const float> logits =
           r.logits.subspan(row * n_vocab, e.rows.size() * static_cast<size_t>(n_vocab));
+      const std::span<const float> hidden =
+          r.hidden.empty() ? std::span<const float>() : r.hidden.subspan(row * dim, e.rows.size() * dim);
       row += e.rows.size();
       computed += static_cast<int64_t>(batches_[&e - entries_.data()].batch.tokens.size());
       try {
-        after_pass(e, logits);
+        after_pass(e, logits, hidden);
       } catch (const Error& err) {
         finish(*e.seq, StopReason::kError, err.what());
       }

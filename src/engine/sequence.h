@@ -50,6 +50,9 @@ struct Sequence {
   std::optional<DraftModelConfig> draft_model;
   std::optional<DraftLengthController> draft_length;
   TokenTree tree;               // this step's tokens when decoding (root + drafts)
+  // [dim] the target's final-normed hidden state at the token before the root, kept for a
+  // proposer that wants it (ReDrafter); survives preemption (a recompute gives the same bits).
+  std::vector<float> hidden;
   std::optional<IncrementalDetokenizer> detok;
   StopStrings stop_strings;
   RequestStats stats;

@@ -24,7 +24,8 @@ std::string format_bound(double b) {
 
 constexpr StopReason kReasons[] = {StopReason::kStop, StopReason::kLength, StopReason::kCancelled,
                                    StopReason::kError};
-constexpr SpecMethod kMethods[] = {SpecMethod::kNone, SpecMethod::kNgram, SpecMethod::kDraft};
+constexpr SpecMethod kMethods[] = {SpecMethod::kNone, SpecMethod::kNgram, SpecMethod::kDraft,
+                                   SpecMethod::kReDrafter};
 
 }  // namespace
 
@@ -36,6 +37,8 @@ const char* spec_method_name(SpecMethod m) {
       return "ngram";
     case SpecMethod::kDraft:
       return "draft";
+    case SpecMethod::kReDrafter:
+      return "redrafter";
   }
   return "?";
 }

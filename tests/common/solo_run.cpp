@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "drafter/redrafter_proposer.h"
 #include "engine/generator.h"
 #include "engine/sequence.h"
 #include "model/model.h"
@@ -13,7 +14,8 @@
 namespace specdec::test {
 
 std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
-                                 const Request& r, Model* draft, int64_t ctx) {
+                                 const Request& r, Model* draft, int64_t ctx,
+                                 const ReDrafterHead* head) {
   if (ctx <= 0) ctx = model.config().n_ctx_train;
   Generator gen(model, pool, ctx);
   GenerationConfig g;
@@ -31,6 +33,10 @@ std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool*
   } else if (r.spec.method == SpecMethod::kDraft) {
     SPECDEC_CHECK(draft != nullptr, "solo_output: a draft request without a draft model");
     proposer = std::make_unique<DraftModelProposer>(*draft, model, pool, ctx, draft_model_config(r));
+  } else if (r.spec.method == SpecMethod::kReDrafter) {
+    SPECDEC_CHECK(head != nullptr, "solo_output: a ReDrafter request without a head");
+    proposer = std::make_unique<ReDrafterProposer>(*head, model, pool,
+                                                   BeamSearchConfig{r.spec.beams, r.spec.beam_length});
   }
   if (proposer) {
     g.proposer = proposer.get();

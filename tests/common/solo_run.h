@@ -13,12 +13,15 @@ namespace specdec {
 class Model;
 class Tokenizer;
 class ThreadPool;
+class ReDrafterHead;
 
 namespace test {
 
-// ctx <= 0: the model's context. draft: the draft model of SpecMethod::kDraft requests.
+// ctx <= 0: the model's context. draft: the draft model of SpecMethod::kDraft requests; head:
+// the drafter head of SpecMethod::kReDrafter requests.
 std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
-                                 const Request& r, Model* draft = nullptr, int64_t ctx = 0);
+                                 const Request& r, Model* draft = nullptr, int64_t ctx = 0,
+                                 const ReDrafterHead* head = nullptr);
 
 }  // namespace test
 }  // namespace specdec

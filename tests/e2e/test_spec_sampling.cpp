@@ -1,6 +1,6 @@
 // Speculative sampling is lossless on the tiny pair (target stories260K, draft tinystories280K):
 // for every method (n-gram chain and tree, draft model with deterministic greedy drafts, with
-// sampled drafts whose q is kept, and trees of both kinds) the first generated tokens of many
+// sampled drafts whose q is kept, trees of both kinds, and ReDrafter's beam trees) the first generated tokens of many
 // seeded runs follow the EXACT target distribution, computed from the model's logits with
 // Sampler::distribution for every prefix: a G-test of the joint of (token 1, token 2) and of the
 // marginal of token 3 at a fixed significance (p < 1e-4 fails; seeds fixed, so reproducible).
@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "common/biased_verifier.h"
+#include "common/random_head.h"
+#include "drafter/redrafter_proposer.h"
 #include "common/stats.h"
 #include "common/test_paths.h"
 #include "engine/generator.h"
@@ -141,7 +143,8 @@ enum class Method {
   kDraftGreedy,
   kDraftSampled,
   kDraftTree,
-  kDraftSampledTree
+  kDraftSampledTree,
+  kReDrafter
 };
 
 struct MethodSpec {
@@ -158,6 +161,7 @@ const MethodSpec kMethods[] = {
     {"draft_sampled_q", Method::kDraftSampled, 4},
     {"draft_tree_greedy", Method::kDraftTree, 6},
     {"draft_tree_sampled_mixed", Method::kDraftSampledTree, 5},
+    {"redrafter_3x2", Method::kReDrafter, 6},
 };
 
 class SpecSampling : public ::testing::Test {
@@ -166,8 +170,24 @@ class SpecSampling : public ::testing::Test {
     target_ = Model::load(test::tiny_model("stories260K.gguf")).release();
     draft_ = Model::load(test::tiny_model("tinystories280K.gguf")).release();
     tok_ = Tokenizer::from_gguf(target_->file()).release();
+    // A random ReDrafter head over the 24 likeliest second tokens (as a trained head would
+    // draft likely tokens; the tests below assert that drafts are accepted).
+    SamplingParams t1;
+    t1.temperature = 1.0f;
+    const Exact e = exact_distribution(*target_, prompt(), t1);
+    std::vector<std::pair<double, int32_t>> t2;
+    for (int v = 0; v < e.n_vocab; ++v) {
+      double m = 0;
+      for (int a = 0; a < e.n_vocab; ++a) m += e.joint12[static_cast<size_t>(a) * e.n_vocab + v];
+      t2.push_back({-m, v});
+    }
+    std::sort(t2.begin(), t2.end());
+    std::vector<int32_t> vocab;
+    for (int i = 0; i < 24; ++i) vocab.push_back(t2[i].second);
+    head_ = new ReDrafterHead(test::random_head(*target_, vocab, 32, 2, 9, 1.5f));
   }
   static void TearDownTestSuite() {
+    delete head_;
     delete tok_;
     delete draft_;
     delete target_;
@@ -189,6 +209,8 @@ class SpecSampling : public ::testing::Test {
     switch (method) {
       case Method::kPlain:
         return nullptr;
+      case Method::kReDrafter:
+        return std::make_unique<ReDrafterProposer>(*head_, *target_, nullptr, BeamSearchConfig{3, 2});
       case Method::kNgramChain:
         return std::make_unique<NgramProposer>(NgramConfig{});
       case Method::kNgramTree: {
@@ -217,7 +239,9 @@ class SpecSampling : public ::testing::Test {
   static Model* target_;
   static Model* draft_;
   static Tokenizer* tok_;
+  static ReDrafterHead* head_;
 };
+ReDrafterHead* SpecSampling::head_ = nullptr;
 Model* SpecSampling::target_ = nullptr;
 Model* SpecSampling::draft_ = nullptr;
 Tokenizer* SpecSampling::tok_ = nullptr;
@@ -241,14 +265,17 @@ void check_methods(Model& target, const std::vector<int32_t>& prompt, const Samp
       const uint64_t seed = seed_base + r;
       std::unique_ptr<Proposer> proposer = make(m.method, seed);
       GenerationConfig config;
-      config.max_new_tokens = 3;
+      // Six tokens, of which the first three are tested (a lossless process's prefix is exact
+      // too): the first pass then verifies up to 4 drafts, so trees have room to branch.
+      config.max_new_tokens = 6;
       config.sampling = params;
       config.sampling.seed = seed;
       config.proposer = proposer.get();
       config.draft.adaptive = false;
       config.draft.max_draft = m.draft_length;
       const std::vector<int32_t> out = gen.generate(prompt, config, nullptr, &st);
-      add_sample(exact, out, &s);
+      ASSERT_EQ(out.size(), 6u);
+      add_sample(exact, std::span<const int32_t>(out).first(3), &s);
       total.n_drafted += st.n_drafted;
       total.n_accepted += st.n_accepted;
     }
@@ -296,7 +323,10 @@ std::vector<int32_t> loop_generate(Model& target, KvCache& kv, std::span<const i
   std::vector<int32_t> hist(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
   if (proposer) proposer->begin(prompt, params.seed);
-  const std::vector<float> logits = prefill(target, kv, prompt, 512, nullptr);
+  const bool want_hidden = proposer && proposer->wants_hidden();
+  std::vector<float> hidden;  // [dim] before the root, for ReDrafter
+  const std::vector<float> logits =
+      prefill(target, kv, prompt, 512, nullptr, want_hidden ? &hidden : nullptr);
   out.push_back(sampler.sample(logits, hist));
   hist.push_back(out.back());
   TokenTree tree;
@@ -312,6 +342,7 @@ std::vector<int32_t> loop_generate(Model& target, KvCache& kv, std::span<const i
       DraftRequest req;
       req.tokens = hist;
       req.max_tokens = budget;
+      if (want_hidden) req.target_hidden = hidden;
       proposer->propose(req, &tree);
     }
     tree.build_positions(past, &positions);
@@ -323,8 +354,14 @@ std::vector<int32_t> loop_generate(Model& target, KvCache& kv, std::span<const i
     b.positions = positions;
     b.mask = mask;
     b.output_rows = rows;
+    b.want_hidden = want_hidden;
     const ForwardResult r = target.forward(kv, b, nullptr);
     verify(tree, r.logits, n_vocab, hist, sampler, &res);
+    if (want_hidden) {
+      const int dim = target.config().dim;
+      hidden.assign(r.hidden.begin() + static_cast<int64_t>(res.final_node) * dim,
+                    r.hidden.begin() + static_cast<int64_t>(res.final_node + 1) * dim);
+    }
     keep = {past};
     for (int32_t node : res.accepted_nodes) keep.push_back(past + node);
     kv.keep_slots(past, keep);
@@ -354,7 +391,8 @@ TEST_F(SpecSampling, TheSameTestRejectsBiasedVerifiers) {
   };
   // With the real verifier the loop is Generator: the same tokens for the same seeds.
   Generator gen(*target_, nullptr, kCtx);
-  for (Method method : {Method::kDraftGreedy, Method::kDraftSampledTree, Method::kNgramTree}) {
+  for (Method method : {Method::kDraftGreedy, Method::kDraftSampledTree, Method::kNgramTree,
+                        Method::kReDrafter}) {
     for (uint64_t seed = 1; seed <= 40; ++seed) {
       SamplingParams sp = params;
       sp.seed = seed;
@@ -379,7 +417,8 @@ TEST_F(SpecSampling, TheSameTestRejectsBiasedVerifiers) {
   };
   for (const Case& c : {Case{Bias::kResampleFromP, Method::kDraftGreedy, "draft_greedy_q"},
                         Case{Bias::kResampleFromP, Method::kDraftSampled, "draft_sampled_q"},
-                        Case{Bias::kEagerAccept, Method::kNgramChain, "ngram_chain"}}) {
+                        Case{Bias::kEagerAccept, Method::kNgramChain, "ngram_chain"},
+                        Case{Bias::kResampleFromP, Method::kReDrafter, "redrafter_3x2"}}) {
     const VerifyFn biased = [&c](const TokenTree& tree, std::span<const float> logits, int n_vocab,
                                  std::span<const int32_t> hist, Sampler& sampler,
                                  VerifyResult* res) {

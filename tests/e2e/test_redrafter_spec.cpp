@@ -1,0 +1,163 @@
+// ReDrafter speculation is lossless: greedy output with a ReDrafter head equals plain greedy
+// decoding for many prompts and beam shapes (single-sequence Generator), and every request of an
+// engine batch that mixes ReDrafter (several beam shapes), n-gram and plain requests, greedy and
+// sampled, with and without preemption, gets exactly its solo output (sampled: the same seed).
+// The heads are random (tests/common/random_head.h) over the target's most frequent tokens, so
+// drafts are accepted sometimes and rejected often: both paths run, and acceptance is asserted.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/thread_pool.h"
+#include "common/random_head.h"
+#include "common/solo_run.h"
+#include "common/test_paths.h"
+#include "drafter/redrafter_head.h"
+#include "drafter/redrafter_proposer.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "specdec/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specdec {
+namespace {
+
+const char* const kTexts[] = {
+    "Once upon a time", "Lily and Ben went to the park.", "The little dog was sad because",
+    "One day, a girl named Sue", "Tom had a red ball. He", "The sun was hot and the"};
+
+class ReDrafterSpec : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = Model::load(test::tiny_model("stories260K.gguf")).release();
+    tok_ = Tokenizer::from_gguf(model_->file()).release();
+    pool_ = new ThreadPool(2);
+    std::vector<std::vector<int32_t>> prompts;
+    for (const char* t : kTexts) prompts.push_back(tok_->encode(t, true, false));
+    const std::vector<int32_t> vocab = test::frequent_tokens(*model_, prompts, 24);
+    head_ = new ReDrafterHead(test::random_head(*model_, vocab, 32, 2, 5));
+  }
+  static void TearDownTestSuite() {
+    delete head_;
+    delete pool_;
+    delete tok_;
+    delete model_;
+  }
+  static std::vector<int32_t> prompt(int i) { return tok_->encode(kTexts[i % 6], true, false); }
+
+  static Model* model_;
+  static Tokenizer* tok_;
+  static ThreadPool* pool_;
+  static ReDrafterHead* head_;
+};
+Model* ReDrafterSpec::model_ = nullptr;
+Tokenizer* ReDrafterSpec::tok_ = nullptr;
+ThreadPool* ReDrafterSpec::pool_ = nullptr;
+ReDrafterHead* ReDrafterSpec::head_ = nullptr;
+
+TEST_F(ReDrafterSpec, GreedyOutputEqualsPlainDecoding) {
+  Generator gen(*model_, pool_, 512);
+  int64_t drafted = 0, accepted = 0;
+  for (int p = 0; p < 6; ++p) {
+    GenerationConfig plain;
+    plain.max_new_tokens = 80;
+    const std::vector<int32_t> want = gen.generate(prompt(p), plain, nullptr, nullptr);
+    for (auto [m, c] : {std::pair{1, 4}, std::pair{3, 3}, std::pair{4, 4}, std::pair{2, 6},
+                        std::pair{8, 2}}) {
+      for (int budget : {m * c, 3}) {
+        ReDrafterProposer proposer(*head_, *model_, pool_, BeamSearchConfig{m, c});
+        GenerationConfig g = plain;
+        g.proposer = &proposer;
+        g.draft.adaptive = false;
+        g.draft.max_draft = budget;
+        GenerationStats st;
+        const std::vector<int32_t> got = gen.generate(prompt(p), g, nullptr, &st);
+        ASSERT_EQ(got, want) << "prompt " << p << " beams " << m << "x" << c << " budget " << budget;
+        drafted += st.n_drafted;
+        accepted += st.n_accepted;
+        EXPECT_EQ(st.n_generated, 1 + st.n_forward_passes + st.n_accepted);
+      }
+    }
+  }
+  std::printf("drafted %lld accepted %lld\n", static_cast<long long>(drafted),
+              static_cast<long long>(accepted));
+  EXPECT_GT(accepted, 50);
+  EXPECT_LT(accepted, drafted);
+}
+
+TEST_F(ReDrafterSpec, EngineBatchMixEqualsSoloRuns) {
+  std::vector<Request> requests;
+  for (int i = 0; i < 12; ++i) {
+    Request r;
+    r.prompt = prompt(i);
+    r.max_tokens = 40 + 7 * i;
+    r.ignore_eos = true;
+    r.sampling.temperature = i % 3 == 2 ? 0.8f : 0.0f;
+    r.sampling.seed = 100 + i;
+    r.spec.adaptive = false;
+    if (i % 4 == 3) {
+      r.spec.method = SpecMethod::kNgram;
+      r.spec.num_draft = 4;
+    } else if (i % 4 != 0) {
+      r.spec.method = SpecMethod::kReDrafter;
+      r.spec.beams = 1 + i % 5;
+      r.spec.beam_length = 2 + i % 3;
+      r.spec.num_draft = r.spec.beams * r.spec.beam_length;
+    }
+    requests.push_back(r);
+  }
+  for (int32_t kv_blocks : {0, 12}) {  // 12 blocks of 16: preemption
+    EngineConfig config;
+    config.drafter_head = head_;
+    config.kv_blocks = kv_blocks;
+    config.max_context = 512;
+    Engine engine(*model_, tok_, pool_, config);
+    std::vector<std::vector<int32_t>> out(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Request r = requests[i];
+      r.on_output = [&out, i](const RequestOutput& o) {
+        out[i].insert(out[i].end(), o.tokens.begin(), o.tokens.end());
+        return true;
+      };
+      ASSERT_TRUE(engine.submit(r).ok());
+    }
+    while (engine.has_work()) {
+      engine.step();
+      engine.check_invariants();
+    }
+    const EngineStats st = engine.stats();
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    if (kv_blocks > 0) EXPECT_GT(st.preemptions, 0);
+    ASSERT_TRUE(st.spec.count("redrafter"));
+    EXPECT_GT(st.spec.at("redrafter").accepted, 0);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      // A full pool cuts drafts, and sampled draws depend on the draft sizes (not their
+      // distribution): only greedy requests must replay their solo runs then.
+      if (kv_blocks > 0 && !requests[i].sampling.greedy()) continue;
+      const std::vector<int32_t> want =
+          test::solo_output(*model_, *tok_, pool_, requests[i], nullptr, 512, head_);
+      EXPECT_EQ(out[i], want) << "request " << i << " kv_blocks " << kv_blocks;
+    }
+  }
+}
+
+TEST_F(ReDrafterSpec, EngineRefusesReDrafterWithoutAHead) {
+  EngineConfig config;
+  Engine engine(*model_, tok_, pool_, config);
+  Request r;
+  r.prompt = prompt(0);
+  r.spec.method = SpecMethod::kReDrafter;
+  const SubmitResult res = engine.submit(r);
+  EXPECT_FALSE(res.ok());
+  EXPECT_EQ(res.param, "spec");
+  EngineConfig with_head;
+  with_head.drafter_head = head_;
+  Engine engine2(*model_, tok_, pool_, with_head);
+  r.spec.beams = 0;
+  EXPECT_EQ(engine2.submit(r).param, "beams");
+}
+
+}  // namespace
+}  // namespace specdec
