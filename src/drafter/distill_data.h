@@ -45,22 +45,48 @@ struct DistillOptions {
   uint64_t seed = 1;
   bool chat = true;             // apply the model's chat template to each prompt
   int max_prompts = 0;          // 0: all
+  // Speed only (the data does not depend on them):
+  int max_seqs = 16;         // answers generated together (the engine's --max-seqs)
+  int64_t kv_cache_mib = 0;  // the engine's KV pool; 0: max_seqs whole sequences, <= 1 GiB
+  int hidden_chunk = 256;    // tokens per hidden-state pass (several sequences packed)
+};
+
+// Where the time of build_distill_dataset went (for progress reports and benchmarks).
+struct DistillTimings {
+  double encode_s = 0;  // chat template + tokenization
+  double answer_s = 0;  // the engine answering
+  double hidden_s = 0;  // the hidden-state passes
+  int64_t prompt_tokens = 0;
+  int64_t answer_tokens = 0;
+  int64_t hidden_tokens = 0;  // prompt + answer tokens through the hidden passes
+  int64_t hidden_passes = 0;
 };
 
 // Answers `prompts` with the target (batched engine), then runs prompt + answer through the
 // target once more to record the hidden states. progress(done, total) is called as answers
 // finish. Throws specdec::Error (bad prompt file content, no prompt usable).
+//
+// In detail: prompts are taken in order until max_prompts are used (0: all); a prompt is
+// encoded as `specdec generate` does (chat: the template of {"user": prompt} with the
+// generation prompt, else BOS + text, special-token text parsed); empty ones and ones of more
+// than max_prompt_tokens tokens (or no room left in the context) are skipped and counted in the
+// facts. Answers: greedy when temperature is 0, else sampled with seed options.seed + the
+// prompt's index in `prompts`; they end at the first end-of-generation token (kept as the last
+// answer token) or after max_new_tokens (or at the context). Sequence i is the i-th used
+// prompt. hidden rows: Model::forward over each whole sequence in an f16 KV cache, every row
+// asked for, stored as IEEE halves (round to nearest even).
 DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
                                      std::span<const std::string> prompts,
                                      const DistillOptions& options, ThreadPool* pool,
-                                     const std::function<void(int64_t, int64_t)>& progress = {});
+                                     const std::function<void(int64_t, int64_t)>& progress = {},
+                                     DistillTimings* timings = nullptr);
 
 void save_distill_dataset(const std::string& path, const DistillDataset& d);
 // specdec::Error naming the file when it is missing, truncated or malformed.
 DistillDataset load_distill_dataset(const std::string& path);
 
 // The n most frequent tokens among the answers' tokens (ties by id), as the draft vocabulary of
-// a head: [min(n, distinct tokens)].
+// a head: [min(n, distinct tokens)], most frequent first, equal counts by smaller id.
 std::vector<int32_t> choose_draft_vocab(const DistillDataset& d, int n);
 
 }  // namespace specdec
