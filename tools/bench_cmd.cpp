@@ -353,6 +353,12 @@ void run_bench(BenchOptions& o) {
                j["tokens_per_pass"].get<double>(), j["spec_target_passes"].get<int64_t>(),
                j["plain_target_passes"].get<int64_t>(), j["identical_outputs"].get<int>(),
                j["prompts"].get<int>());
+    if (j.contains("acceptance_at_position")) {
+      std::string at;
+      for (const auto& v : j["acceptance_at_position"]) at += fmt::format(" {:.2f}", v.get<double>());
+      fmt::print("acceptance by draft position:{}; drafting {:.1f}% of the speculative time\n", at,
+                 100 * j["draft_time_fraction"].get<double>());
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 #include "bench_spec.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
@@ -177,6 +178,8 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   int64_t plain_tokens = 0, spec_tokens = 0, passes = 0, spec_passes = 0, drafted = 0, accepted = 0,
           plain_passes = 0;
   int identical = 0;
+  double draft_s = 0;
+  std::array<int64_t, GenerationStats::kPositions> accepted_at{};
   nlohmann::json rows = nlohmann::json::array();
   double min_speedup = 1e30;
   for (size_t i = 0; i < in.prompts.size(); ++i) {
@@ -232,6 +235,8 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
     spec_passes += ss.n_spec_passes;
     drafted += ss.n_drafted;
     accepted += ss.n_accepted;
+    draft_s += ss.draft_seconds;
+    for (int p = 0; p < GenerationStats::kPositions; ++p) accepted_at[p] += ss.accepted_at[p];
     const double row_speedup = median(pair_ratios);
     min_speedup = std::min(min_speedup, row_speedup);
     rows.push_back({{"prompt_tokens", in.prompts[i].size()},
@@ -262,6 +267,15 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   j["tokens_per_pass"] = passes ? static_cast<double>(accepted + passes) / passes : 0.0;
   j["plain_target_passes"] = plain_passes;
   j["spec_target_passes"] = passes;
+  // Acceptance at draft position p + 1 (of the passes that verified drafts), and the share of
+  // the speculative decode time spent drafting (the rest verifies: the target's passes).
+  nlohmann::json at = nlohmann::json::array();
+  for (int p = 0; p < GenerationStats::kPositions && spec_passes > 0; ++p) {
+    if (accepted_at[p] == 0) break;
+    at.push_back(static_cast<double>(accepted_at[p]) / static_cast<double>(spec_passes));
+  }
+  j["acceptance_at_position"] = at;
+  j["draft_time_fraction"] = spec_s > 0 ? draft_s / spec_s : 0.0;
   j["drafted"] = drafted;
   j["accepted"] = accepted;
   j["identical_outputs"] = identical;

@@ -59,7 +59,9 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   }
   p.method = o.spec == "ngram"       ? SpecMethod::kNgram
              : o.spec == "redrafter" ? SpecMethod::kReDrafter
+             : o.spec == "medusa"    ? SpecMethod::kMedusa
                                      : SpecMethod::kDraft;
+  p.medusa_tree = o.medusa_tree;
   p.beams = o.beams;
   p.beam_length = o.beam_length;
   p.num_draft = length_policy.max_draft;
@@ -77,6 +79,8 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   if (p.method == SpecMethod::kNgram) {
     *description = fmt::format("ngram (n {}..{}, {}, {})", o.ngram_min, o.ngram_max,
                                width > 1 ? fmt::format("tree width {}", width) : "chain", length);
+  } else if (p.method == SpecMethod::kMedusa) {
+    *description = fmt::format("medusa (tree of {} nodes, {})", p.num_draft, length);
   } else if (p.method == SpecMethod::kReDrafter) {
     *description = fmt::format("redrafter ({} beams x {} tokens, {})", o.beams, o.beam_length,
                                length);

@@ -5,6 +5,8 @@
 
 #include "cli_common.h"
 #include "drafter/head_registry.h"
+#include "drafter/medusa_proposer.h"
+#include "drafter/medusa_weights.h"
 #include "drafter/redrafter_proposer.h"
 #include "drafter/redrafter_weights.h"
 #include "speculative/draft_model.h"
@@ -16,11 +18,16 @@ namespace specdec::cli {
 void add_spec_options(CLI::App* cmd, SpecOptions* o) {
   cmd->add_option("--spec", o->spec,
                   "Speculative method: none, ngram (prompt lookup), draft, redrafter (a trained "
-                  "recurrent drafter head)")
-      ->check(CLI::IsMember({"none", "ngram", "draft", "redrafter"}))->capture_default_str();
+                  "recurrent drafter head), medusa (trained Medusa heads)")
+      ->check(CLI::IsMember({"none", "ngram", "draft", "redrafter", "medusa"}))
+      ->capture_default_str();
   cmd->add_option("--drafter", o->drafter,
-                  "ReDrafter head (.safetensors) for --spec redrafter; default: the head trained "
-                  "for this model in $SPECDEC_HEADS, the source tree's heads/ or <cache>/heads");
+                  "Head file (.safetensors) for --spec redrafter or medusa; default: the one "
+                  "trained for this model in $SPECDEC_HEADS, the source tree's heads/ or "
+                  "<cache>/heads");
+  cmd->add_option("--medusa-tree", o->medusa_tree,
+                  "Medusa's static tree: paths of top-k ranks, one per head, e.g. "
+                  "\"0;1;0,0;0,1;0,0,0\" (default: 16 nodes over 4 heads)");
   cmd->add_option("--beams", o->beams, "ReDrafter: beams of the head's beam search")
       ->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--beam-length", o->beam_length, "ReDrafter: draft tokens per beam")
@@ -73,6 +80,10 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
     // The tree of M beams of C tokens, every node verified (adaptive beam shapes: not yet).
     dl.adaptive = false;
     dl.max_draft = std::min(64, o.beams * o.beam_length);
+  } else if (o.spec == "medusa" && o.num_draft == "auto") {
+    dl.adaptive = false;  // the static tree, every node verified
+    dl.max_draft = static_cast<int>(
+        (o.medusa_tree.empty() ? default_medusa_tree() : parse_medusa_tree(o.medusa_tree)).paths.size());
   } else if (o.num_draft == "auto") {
     dl.adaptive = true;
     dl.max_draft = o.num_draft_max;
@@ -94,7 +105,11 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
   if (o.spec == "draft" && o.draft_model.empty()) {
     throw Error("--spec draft needs --draft-model PATH");
   }
-  if (o.spec != "redrafter" && !o.drafter.empty()) throw Error("--drafter needs --spec redrafter");
+  if (o.spec != "redrafter" && o.spec != "medusa" && !o.drafter.empty()) {
+    throw Error("--drafter needs --spec redrafter or --spec medusa");
+  }
+  if (o.spec != "medusa" && !o.medusa_tree.empty()) throw Error("--medusa-tree needs --spec medusa");
+  if (!o.medusa_tree.empty()) parse_medusa_tree(o.medusa_tree);  // throws naming the option
   if (o.beams < 1 || o.beams > 64 || o.beam_length < 1 || o.beam_length > 16) {
     throw Error(fmt::format("--beams must be in [1, 64] and --beam-length in [1, 16], got {} and {}",
                             o.beams, o.beam_length));
@@ -156,24 +171,58 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
                                     o.beam_length, length_desc);
     return setup;
   }
+  if (o.spec == "medusa") {
+    setup.medusa_heads = load_medusa_heads(o, target, quiet);
+    setup.draft_token_cost = static_cast<double>(setup.medusa_heads->weight_bytes()) /
+                             static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
+    MedusaTree tree = o.medusa_tree.empty() ? default_medusa_tree() : parse_medusa_tree(o.medusa_tree);
+    const size_t nodes = tree.paths.size();
+    setup.proposer = std::make_unique<MedusaProposer>(*setup.medusa_heads, std::move(tree), pool);
+    setup.description = fmt::format("medusa ({} heads, tree of {} nodes, {})",
+                                    setup.medusa_heads->shape().n_heads, nodes, length_desc);
+    return setup;
+  }
   throw Error(fmt::format("unknown --spec '{}'", o.spec));
+}
+
+namespace {
+
+// --drafter, or the head of `kind` found for the target; specdec::Error when there is none.
+std::string head_path(const SpecOptions& o, const Model& target, const char* kind) {
+  if (!o.drafter.empty()) return o.drafter;
+  const std::string path = find_drafter_head(target, kind);
+  if (path.empty()) {
+    std::string dirs;
+    for (const std::string& d : drafter_head_dirs()) dirs += (dirs.empty() ? "" : ", ") + d;
+    throw Error(fmt::format(
+        "--spec {}: no {} head trained for this model was found (searched {}); name one with "
+        "--drafter FILE or train one with `specdec train-drafter --kind {}`",
+        kind, kind, dirs, kind));
+  }
+  return path;
+}
+
+}  // namespace
+
+std::unique_ptr<MedusaHeads> load_medusa_heads(const SpecOptions& o, const Model& target, bool quiet) {
+  if (o.spec != "medusa") return nullptr;
+  const std::string path = head_path(o, target, "medusa");
+  const MedusaWeights w = load_medusa(path);
+  check_medusa_target(w, target, path);
+  auto heads = std::make_unique<MedusaHeads>(w);
+  if (!quiet) {
+    fmt::print(stderr, "drafter: {} ({} Medusa heads, {:.1f}M parameters, {} draft tokens, {:.1f} MB as {})\n",
+               path, w.shape.n_heads, static_cast<double>(w.shape.num_params()) / 1e6,
+               w.shape.n_draft_vocab, static_cast<double>(heads->weight_bytes()) / 1e6,
+               ggml_type_name(static_cast<uint32_t>(heads->weight_type())));
+  }
+  return heads;
 }
 
 std::unique_ptr<ReDrafterHead> load_drafter_head(const SpecOptions& o, const Model& target,
                                                  bool quiet) {
   if (o.spec != "redrafter") return nullptr;
-  std::string path = o.drafter;
-  if (path.empty()) {
-    path = find_drafter_head(target, "redrafter");
-    if (path.empty()) {
-      std::string dirs;
-      for (const std::string& d : drafter_head_dirs()) dirs += (dirs.empty() ? "" : ", ") + d;
-      throw Error(fmt::format(
-          "--spec redrafter: no ReDrafter head trained for this model was found (searched {}); "
-          "name one with --drafter FILE or train one with `specdec train-drafter`",
-          dirs));
-    }
-  }
+  const std::string path = head_path(o, target, "redrafter");
   const ReDrafterWeights w = load_redrafter(path);
   check_redrafter_target(w, target, path);
   auto head = std::make_unique<ReDrafterHead>(w);

@@ -7,6 +7,7 @@
 
 #include "engine/generator.h"
 #include "model/model.h"
+#include "drafter/medusa_heads.h"
 #include "drafter/redrafter_head.h"
 #include "speculative/proposer.h"
 
@@ -17,9 +18,10 @@ class App;
 namespace specdec::cli {
 
 struct SpecOptions {
-  std::string spec = "none";  // none | ngram | draft | redrafter
+  std::string spec = "none";  // none | ngram | draft | redrafter | medusa
   std::string draft_model;
-  std::string drafter;        // redrafter: the head file ("" = the one trained for the model)
+  std::string drafter;        // redrafter / medusa: the head file ("" = the one for the model)
+  std::string medusa_tree;    // medusa: paths of top-k ranks; "" = the default tree
   int beams = 4;              // redrafter: beam search width M
   int beam_length = 4;        // redrafter: tokens per beam C
   std::string num_draft = "auto";  // N (fixed) or auto (adaptive, at most --num-draft-max)
@@ -37,6 +39,7 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o);
 struct SpecSetup {
   std::unique_ptr<Model> draft_model;
   std::unique_ptr<ReDrafterHead> drafter_head;
+  std::unique_ptr<MedusaHeads> medusa_heads;
   std::unique_ptr<Proposer> proposer;
   DraftLengthConfig draft_length;
   double draft_token_cost = 0.0;  // a draft model's token in target passes (its bytes / target's)
@@ -60,5 +63,7 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
 // another model. Prints what it loaded unless quiet.
 std::unique_ptr<ReDrafterHead> load_drafter_head(const SpecOptions& o, const Model& target,
                                                  bool quiet);
+// The same for --spec medusa: the Medusa heads (null otherwise).
+std::unique_ptr<MedusaHeads> load_medusa_heads(const SpecOptions& o, const Model& target, bool quiet);
 
 }  // namespace specdec::cli

@@ -31,9 +31,10 @@ class Model;
 class Tokenizer;
 class ThreadPool;
 class ReDrafterHead;
+class MedusaHeads;
 
 // Speculative decoding of one request.
-enum class SpecMethod { kNone, kNgram, kDraft, kReDrafter };
+enum class SpecMethod { kNone, kNgram, kDraft, kReDrafter, kMedusa };
 
 struct SpecParams {
   SpecMethod method = SpecMethod::kNone;
@@ -47,6 +48,7 @@ struct SpecParams {
   float draft_temp = -1;  // draft: its sampling temperature; < 0: the request's
   int beams = 4;          // ReDrafter: beams M of the head's beam search
   int beam_length = 4;    // ReDrafter: tokens C per beam
+  std::string medusa_tree;  // Medusa: paths of top-k ranks ("0;1;0,0"); empty: the default tree
 };
 
 enum class RequestState { kWaiting, kRunning, kFinished };
@@ -123,6 +125,8 @@ struct EngineConfig {
   Model* draft_model = nullptr;  // for SpecMethod::kDraft (same vocabulary as the target)
   // For SpecMethod::kReDrafter: a head trained for this model (check_redrafter_target).
   const ReDrafterHead* drafter_head = nullptr;
+  // For SpecMethod::kMedusa: heads trained for this model (check_medusa_target).
+  const MedusaHeads* medusa_heads = nullptr;
   // Blocks of the draft model's own KV pool (block_size slots each; the draft runs batched over
   // the requests). 0: as many as the target's pool, but no more than max_seqs full draft
   // contexts (every running request's draft cache fits).

@@ -15,8 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "backend/cpu/matmul.h"
-#include "backend/cpu/packed_weights.h"
+#include "drafter/head_matrix.h"
 #include "drafter/redrafter_weights.h"
 
 namespace specdec {
@@ -46,25 +45,14 @@ class ReDrafterHead {
             ReDrafterScratch* scratch, ThreadPool* pool) const;
 
  private:
-  struct Matrix {
-    std::vector<uint8_t> bytes;  // [rows, row_bytes] in weight_type
-    PackedWeights packed;        // the packed copy where the machine's kernels take one
-    WeightMatrix w;
-  };
-  Matrix make_matrix(const std::vector<float>& rows, int64_t n_rows, int64_t n_cols) const;
-
   ReDrafterShape shape_;
   GgmlType type_;
   std::vector<int32_t> draft_vocab_;   // [V_d]
-  Matrix rnn_;                         // [S, dim + S]: W_e | W_s
+  HeadMatrix rnn_;                         // [S, dim + S]: W_e | W_s
   std::vector<float> b_state_;         // [S]
-  std::vector<Matrix> blocks_;         // n_blocks x [D, D]
+  std::vector<HeadMatrix> blocks_;         // n_blocks x [D, D]
   std::vector<std::vector<float>> b_block_;  // n_blocks x [D]
-  Matrix out_;                         // [V_d, D]
+  HeadMatrix out_;                         // [V_d, D]
 };
-
-// Rows of float weights to a GGML type: Q8_0 (per 32 values an f16 scale max|x|/127 and int8
-// codes, as GGML's quantizer), F16 or F32. rows: [n_rows, n_cols]; returns [n_rows, row bytes].
-std::vector<uint8_t> quantize_rows(GgmlType type, const float* rows, int64_t n_rows, int64_t n_cols);
 
 }  // namespace specdec

@@ -1,41 +1,14 @@
 #include "drafter/redrafter_weights.h"
 
 #include <cmath>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
+#include "drafter/head_file.h"
 #include "model/model.h"
 #include "util/check.h"
 
 namespace specdec {
-
-namespace {
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
-// y[rows] = W[rows, cols] · x[cols] (+ b)
-void matvec(const std::vector<float>& w, const float* x, int rows, int cols, const float* b,
-            float* y) {
-  for (int r = 0; r < rows; ++r) {
-    const float* wr = w.data() + static_cast<int64_t>(r) * cols;
-    double acc = b ? b[r] : 0.0;
-    for (int c = 0; c < cols; ++c) acc += static_cast<double>(wr[c]) * x[c];
-    y[r] = static_cast<float>(acc);
-  }
-}
-
-int meta_int(const StFile& f, const std::string& path, const std::string& key) {
-  const std::string& v = f.require_meta(path, key);
-  char* end = nullptr;
-  const long n = std::strtol(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != 0 || n < 0 || n > (1 << 24)) {
-    throw Error(fmt::format("{}: metadata '{}' = '{}' is not a valid size", path, key, v));
-  }
-  return static_cast<int>(n);
-}
-
-}  // namespace
 
 int64_t ReDrafterShape::num_params() const {
   const int64_t d = width();
@@ -90,24 +63,14 @@ ReDrafterWeights redrafter_from_st(const StFile& f, const std::string& path) {
     throw Error(fmt::format("{}: a '{}' head, not a ReDrafter head", path, kind));
   }
   ReDrafterShape sh;
-  sh.dim = meta_int(f, path, "specdec.dim");
-  sh.state_dim = meta_int(f, path, "specdec.state_dim");
-  sh.n_blocks = meta_int(f, path, "specdec.n_blocks");
-  sh.n_target_vocab = meta_int(f, path, "specdec.n_target_vocab");
-  const StTensor* vocab = f.find("draft_vocab");
-  if (!vocab || vocab->shape.size() != 1) {
-    throw Error(fmt::format("{}: tensor 'draft_vocab' is missing or not a vector", path));
-  }
-  sh.n_draft_vocab = static_cast<int>(vocab->shape[0]);
-  if (sh.dim <= 0 || sh.state_dim <= 0 || sh.n_draft_vocab <= 0 || sh.n_target_vocab <= 0) {
+  sh.dim = head_meta_int(f, path, "specdec.dim");
+  sh.state_dim = head_meta_int(f, path, "specdec.state_dim");
+  sh.n_blocks = head_meta_int(f, path, "specdec.n_blocks");
+  sh.n_target_vocab = head_meta_int(f, path, "specdec.n_target_vocab");
+  std::vector<int32_t> ids = head_draft_vocab(f, path, sh.n_target_vocab);
+  sh.n_draft_vocab = static_cast<int>(ids.size());
+  if (sh.dim <= 0 || sh.state_dim <= 0 || sh.n_target_vocab <= 0) {
     throw Error(fmt::format("{}: empty dimensions in the metadata", path));
-  }
-  std::vector<int32_t> ids = vocab->to_i32();
-  std::unordered_set<int32_t> seen;
-  for (int32_t id : ids) {
-    if (id < 0 || id >= sh.n_target_vocab || !seen.insert(id).second) {
-      throw Error(fmt::format("{}: draft_vocab holds {} (out of range or repeated)", path, id));
-    }
   }
   ReDrafterWeights w = make_redrafter(sh, std::move(ids), f.require_meta(path, "specdec.target"));
   const int64_t s = sh.state_dim, dim = sh.dim, d = sh.width(), v = sh.n_draft_vocab;
@@ -137,14 +100,7 @@ ReDrafterWeights load_redrafter(const std::string& path) {
 }
 
 void check_redrafter_target(const ReDrafterWeights& w, const Model& target, const std::string& path) {
-  const std::string fp = target.fingerprint();
-  if (w.shape.dim != target.config().dim || w.shape.n_target_vocab != target.config().n_vocab ||
-      w.target_fingerprint != fp) {
-    throw Error(fmt::format(
-        "{}: this drafter head was trained for another model (its target: {}; this model: {}); "
-        "train one for this model with `specdec train-drafter`",
-        path, w.target_fingerprint, fp));
-  }
+  check_head_target(w.target_fingerprint, w.shape.dim, w.shape.n_target_vocab, target, path);
 }
 
 void redrafter_step_ref(const ReDrafterWeights& w, const float* h, const float* e,
@@ -152,16 +108,16 @@ void redrafter_step_ref(const ReDrafterWeights& w, const float* h, const float* 
   const ReDrafterShape& sh = w.shape;
   const int s = sh.state_dim, dim = sh.dim, d = sh.width();
   std::vector<float> a(s), b(s), x(d), y(d);
-  matvec(w.w_embed, e, s, dim, w.b_state.data(), a.data());
-  matvec(w.w_state, s_prev, s, s, nullptr, b.data());
-  for (int i = 0; i < s; ++i) s_out[i] = silu(a[i] + b[i]);
+  matvec_ref(w.w_embed, e, s, dim, w.b_state.data(), a.data());
+  matvec_ref(w.w_state, s_prev, s, s, nullptr, b.data());
+  for (int i = 0; i < s; ++i) s_out[i] = silu_ref(a[i] + b[i]);
   std::copy(h, h + dim, x.begin());
   std::copy(s_out, s_out + s, x.begin() + dim);
   for (int l = 0; l < sh.n_blocks; ++l) {
-    matvec(w.w_block[l], x.data(), d, d, w.b_block[l].data(), y.data());
-    for (int i = 0; i < d; ++i) x[i] += silu(y[i]);
+    matvec_ref(w.w_block[l], x.data(), d, d, w.b_block[l].data(), y.data());
+    for (int i = 0; i < d; ++i) x[i] += silu_ref(y[i]);
   }
-  matvec(w.w_out, x.data(), sh.n_draft_vocab, d, nullptr, logits);
+  matvec_ref(w.w_out, x.data(), sh.n_draft_vocab, d, nullptr, logits);
 }
 
 }  // namespace specdec

@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include "backend/kv_type.h"
+#include "drafter/medusa_proposer.h"
 #include "drafter/redrafter_proposer.h"
 #include "engine/logprobs.h"
 #include "engine/scheduler.h"
@@ -278,6 +279,19 @@ SubmitResult Engine::Impl::check_request(const Request& r) const {
                                          "got {} x {}", sp.beams, sp.beam_length));
     }
   }
+  if (sp.method == SpecMethod::kMedusa) {
+    if (config_.medusa_heads == nullptr) {
+      return refuse("spec", "Medusa speculation needs Medusa heads loaded (--drafter)");
+    }
+    try {
+      MedusaProposer check(*config_.medusa_heads,
+                           sp.medusa_tree.empty() ? default_medusa_tree()
+                                                  : parse_medusa_tree(sp.medusa_tree),
+                           nullptr);
+    } catch (const Error& e) {
+      return refuse("medusa_tree", e.what());
+    }
+  }
   if (sp.method == SpecMethod::kDraft && config_.draft_model == nullptr) {
     return refuse("spec",
                   "speculation with a draft model needs a draft model loaded (--draft-model)");
@@ -318,6 +332,11 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
       s.proposer = std::make_unique<ReDrafterProposer>(
           *config_.drafter_head, model_, thread_pool_,
           BeamSearchConfig{r.spec.beams, r.spec.beam_length});
+    } else if (r.spec.method == SpecMethod::kMedusa) {
+      s.proposer = std::make_unique<MedusaProposer>(
+          *config_.medusa_heads,
+          r.spec.medusa_tree.empty() ? default_medusa_tree() : parse_medusa_tree(r.spec.medusa_tree),
+          thread_pool_);
     }
   } catch (const Error& e) {
     *error = e.what();

@@ -154,6 +154,7 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
       ++st.n_spec_passes;
       st.n_drafted += n - 1;
       st.n_accepted += n_acc;
+      for (int p = 0; p < std::min(n_acc, GenerationStats::kPositions); ++p) ++st.accepted_at[p];
     }
     if (proposer) {
       const double pass_cost = 1.0 + config.verify_token_cost * (n - 1);

@@ -8,6 +8,7 @@
 // decides tokens; greedy speculative output equals plain greedy output token for token.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -54,6 +55,10 @@ struct GenerationStats {
   double decode_seconds = 0;     // from the first generated token to the last
   double draft_seconds = 0;      // part of decode_seconds spent in the proposer
   FinishReason finish = FinishReason::kLength;
+  // [p]: passes that accepted at least p + 1 drafts (deeper positions count in the last); over
+  // n_spec_passes, the acceptance rate at draft position p + 1.
+  static constexpr int kPositions = 16;
+  std::array<int64_t, kPositions> accepted_at{};
 
   double acceptance_rate() const { return n_drafted ? double(n_accepted) / n_drafted : 0.0; }
   // Tokens the target produced per pass (accepted drafts + its own), over all decode passes.

@@ -25,7 +25,7 @@ std::string format_bound(double b) {
 constexpr StopReason kReasons[] = {StopReason::kStop, StopReason::kLength, StopReason::kCancelled,
                                    StopReason::kError};
 constexpr SpecMethod kMethods[] = {SpecMethod::kNone, SpecMethod::kNgram, SpecMethod::kDraft,
-                                   SpecMethod::kReDrafter};
+                                   SpecMethod::kReDrafter, SpecMethod::kMedusa};
 
 }  // namespace
 
@@ -39,6 +39,8 @@ const char* spec_method_name(SpecMethod m) {
       return "draft";
     case SpecMethod::kReDrafter:
       return "redrafter";
+    case SpecMethod::kMedusa:
+      return "medusa";
   }
   return "?";
 }

@@ -63,4 +63,31 @@ ReDrafterWeights random_head(const Model& target, std::vector<int32_t> vocab, in
   return w;
 }
 
+MedusaWeights random_medusa(const Model& target, std::vector<int32_t> vocab, int n_heads,
+                            uint64_t seed, float prior_step) {
+  MedusaShape sh;
+  sh.dim = target.config().dim;
+  sh.n_heads = n_heads;
+  sh.n_draft_vocab = static_cast<int>(vocab.size());
+  sh.n_target_vocab = target.config().n_vocab;
+  MedusaWeights w = make_medusa(sh, std::move(vocab), target.fingerprint());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float dim = static_cast<float>(sh.dim);
+  constexpr float kBias = 4.0f;  // SiLU(4) ~ 3.93 in every component of x_k
+  const float s_mean = kBias / (1.0f + std::exp(-kBias));
+  for (int k = 0; k < n_heads; ++k) {
+    for (float& x : w.w_res[k]) x = nd(rng) * 0.3f / std::sqrt(dim);
+    for (float& x : w.b_res[k]) x = kBias;
+    for (float& x : w.w_out[k]) x = nd(rng) * 1.0f / std::sqrt(dim);
+    for (int v = 0; v < sh.n_draft_vocab; ++v) {
+      for (int j = 0; j < sh.dim; ++j) {
+        w.w_out[k][static_cast<size_t>(v) * sh.dim + j] +=
+            -prior_step * static_cast<float>(v) / (s_mean * dim);
+      }
+    }
+  }
+  return w;
+}
+
 }  // namespace specdec::test

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "drafter/medusa_weights.h"
 #include "drafter/redrafter_weights.h"
 
 namespace specdec {
@@ -26,6 +27,11 @@ std::vector<int32_t> frequent_tokens(Model& model, const std::vector<std::vector
 // prior_step: how much lower each next rank's prior logit is.
 ReDrafterWeights random_head(const Model& target, std::vector<int32_t> vocab, int state_dim,
                              int n_blocks, uint64_t seed, float prior_step = 0.4f);
+
+// Medusa heads for `target` over `vocab` (most frequent first) in the same spirit: random
+// weights plus a prior through a constant residual bias (x_k = h + SiLU(b) with b large).
+MedusaWeights random_medusa(const Model& target, std::vector<int32_t> vocab, int n_heads,
+                            uint64_t seed, float prior_step = 0.4f);
 
 }  // namespace test
 }  // namespace specdec

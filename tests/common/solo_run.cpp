@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "drafter/medusa_proposer.h"
 #include "drafter/redrafter_proposer.h"
 #include "engine/generator.h"
 #include "engine/sequence.h"
@@ -15,7 +16,7 @@ namespace specdec::test {
 
 std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
                                  const Request& r, Model* draft, int64_t ctx,
-                                 const ReDrafterHead* head) {
+                                 const ReDrafterHead* head, const MedusaHeads* medusa) {
   if (ctx <= 0) ctx = model.config().n_ctx_train;
   Generator gen(model, pool, ctx);
   GenerationConfig g;
@@ -37,6 +38,11 @@ std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool*
     SPECDEC_CHECK(head != nullptr, "solo_output: a ReDrafter request without a head");
     proposer = std::make_unique<ReDrafterProposer>(*head, model, pool,
                                                    BeamSearchConfig{r.spec.beams, r.spec.beam_length});
+  } else if (r.spec.method == SpecMethod::kMedusa) {
+    SPECDEC_CHECK(medusa != nullptr, "solo_output: a Medusa request without heads");
+    proposer = std::make_unique<MedusaProposer>(
+        *medusa, r.spec.medusa_tree.empty() ? default_medusa_tree() : parse_medusa_tree(r.spec.medusa_tree),
+        pool);
   }
   if (proposer) {
     g.proposer = proposer.get();

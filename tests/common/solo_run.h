@@ -14,14 +14,16 @@ class Model;
 class Tokenizer;
 class ThreadPool;
 class ReDrafterHead;
+class MedusaHeads;
 
 namespace test {
 
 // ctx <= 0: the model's context. draft: the draft model of SpecMethod::kDraft requests; head:
-// the drafter head of SpecMethod::kReDrafter requests.
+// the drafter head of SpecMethod::kReDrafter requests; medusa: the heads of kMedusa requests.
 std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
                                  const Request& r, Model* draft = nullptr, int64_t ctx = 0,
-                                 const ReDrafterHead* head = nullptr);
+                                 const ReDrafterHead* head = nullptr,
+                                 const MedusaHeads* medusa = nullptr);
 
 }  // namespace test
 }  // namespace specdec

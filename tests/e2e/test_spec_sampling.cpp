@@ -1,6 +1,6 @@
 // Speculative sampling is lossless on the tiny pair (target stories260K, draft tinystories280K):
 // for every method (n-gram chain and tree, draft model with deterministic greedy drafts, with
-// sampled drafts whose q is kept, trees of both kinds, and ReDrafter's beam trees) the first generated tokens of many
+// sampled drafts whose q is kept, trees of both kinds, ReDrafter's beam trees and Medusa's static tree) the first generated tokens of many
 // seeded runs follow the EXACT target distribution, computed from the model's logits with
 // Sampler::distribution for every prefix: a G-test of the joint of (token 1, token 2) and of the
 // marginal of token 3 at a fixed significance (p < 1e-4 fails; seeds fixed, so reproducible).
@@ -18,6 +18,7 @@
 
 #include "common/biased_verifier.h"
 #include "common/random_head.h"
+#include "drafter/medusa_proposer.h"
 #include "drafter/redrafter_proposer.h"
 #include "common/stats.h"
 #include "common/test_paths.h"
@@ -144,7 +145,8 @@ enum class Method {
   kDraftSampled,
   kDraftTree,
   kDraftSampledTree,
-  kReDrafter
+  kReDrafter,
+  kMedusa
 };
 
 struct MethodSpec {
@@ -162,6 +164,7 @@ const MethodSpec kMethods[] = {
     {"draft_tree_greedy", Method::kDraftTree, 6},
     {"draft_tree_sampled_mixed", Method::kDraftSampledTree, 5},
     {"redrafter_3x2", Method::kReDrafter, 6},
+    {"medusa_tree", Method::kMedusa, 6},
 };
 
 class SpecSampling : public ::testing::Test {
@@ -185,8 +188,10 @@ class SpecSampling : public ::testing::Test {
     std::vector<int32_t> vocab;
     for (int i = 0; i < 24; ++i) vocab.push_back(t2[i].second);
     head_ = new ReDrafterHead(test::random_head(*target_, vocab, 32, 2, 9, 1.5f));
+    medusa_ = new MedusaHeads(test::random_medusa(*target_, vocab, 3, 10, 1.5f));
   }
   static void TearDownTestSuite() {
+    delete medusa_;
     delete head_;
     delete tok_;
     delete draft_;
@@ -211,6 +216,9 @@ class SpecSampling : public ::testing::Test {
         return nullptr;
       case Method::kReDrafter:
         return std::make_unique<ReDrafterProposer>(*head_, *target_, nullptr, BeamSearchConfig{3, 2});
+      case Method::kMedusa:
+        return std::make_unique<MedusaProposer>(*medusa_, parse_medusa_tree("0;1;0,0;1,0;0,1;0,0,0"),
+                                                nullptr);
       case Method::kNgramChain:
         return std::make_unique<NgramProposer>(NgramConfig{});
       case Method::kNgramTree: {
@@ -240,8 +248,10 @@ class SpecSampling : public ::testing::Test {
   static Model* draft_;
   static Tokenizer* tok_;
   static ReDrafterHead* head_;
+  static MedusaHeads* medusa_;
 };
 ReDrafterHead* SpecSampling::head_ = nullptr;
+MedusaHeads* SpecSampling::medusa_ = nullptr;
 Model* SpecSampling::target_ = nullptr;
 Model* SpecSampling::draft_ = nullptr;
 Tokenizer* SpecSampling::tok_ = nullptr;
@@ -392,7 +402,7 @@ TEST_F(SpecSampling, TheSameTestRejectsBiasedVerifiers) {
   // With the real verifier the loop is Generator: the same tokens for the same seeds.
   Generator gen(*target_, nullptr, kCtx);
   for (Method method : {Method::kDraftGreedy, Method::kDraftSampledTree, Method::kNgramTree,
-                        Method::kReDrafter}) {
+                        Method::kReDrafter, Method::kMedusa}) {
     for (uint64_t seed = 1; seed <= 40; ++seed) {
       SamplingParams sp = params;
       sp.seed = seed;
@@ -418,7 +428,8 @@ TEST_F(SpecSampling, TheSameTestRejectsBiasedVerifiers) {
   for (const Case& c : {Case{Bias::kResampleFromP, Method::kDraftGreedy, "draft_greedy_q"},
                         Case{Bias::kResampleFromP, Method::kDraftSampled, "draft_sampled_q"},
                         Case{Bias::kEagerAccept, Method::kNgramChain, "ngram_chain"},
-                        Case{Bias::kResampleFromP, Method::kReDrafter, "redrafter_3x2"}}) {
+                        Case{Bias::kResampleFromP, Method::kReDrafter, "redrafter_3x2"},
+                        Case{Bias::kEagerAccept, Method::kMedusa, "medusa_tree"}}) {
     const VerifyFn biased = [&c](const TokenTree& tree, std::span<const float> logits, int n_vocab,
                                  std::span<const int32_t> hist, Sampler& sampler,
                                  VerifyResult* res) {

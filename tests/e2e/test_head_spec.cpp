@@ -1,7 +1,8 @@
-// ReDrafter speculation is lossless: greedy output with a ReDrafter head equals plain greedy
-// decoding for many prompts and beam shapes (single-sequence Generator), and every request of an
-// engine batch that mixes ReDrafter (several beam shapes), n-gram and plain requests, greedy and
-// sampled, with and without preemption, gets exactly its solo output (sampled: the same seed).
+// Speculation with trained-head proposers is lossless: greedy output with a ReDrafter head or
+// Medusa heads equals plain greedy decoding for many prompts, beam shapes and trees
+// (single-sequence Generator), and every request of an engine batch that mixes ReDrafter
+// (several beam shapes), Medusa, n-gram and plain requests, greedy and sampled, with and
+// without preemption, gets exactly its solo output (sampled: the same seed).
 // The heads are random (tests/common/random_head.h) over the target's most frequent tokens, so
 // drafts are accepted sometimes and rejected often: both paths run, and acceptance is asserted.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "common/random_head.h"
 #include "common/solo_run.h"
 #include "common/test_paths.h"
+#include "drafter/medusa_proposer.h"
 #include "drafter/redrafter_head.h"
 #include "drafter/redrafter_proposer.h"
 #include "engine/generator.h"
@@ -28,7 +30,7 @@ const char* const kTexts[] = {
     "Once upon a time", "Lily and Ben went to the park.", "The little dog was sad because",
     "One day, a girl named Sue", "Tom had a red ball. He", "The sun was hot and the"};
 
-class ReDrafterSpec : public ::testing::Test {
+class HeadSpec : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_ = Model::load(test::tiny_model("stories260K.gguf")).release();
@@ -38,8 +40,10 @@ class ReDrafterSpec : public ::testing::Test {
     for (const char* t : kTexts) prompts.push_back(tok_->encode(t, true, false));
     const std::vector<int32_t> vocab = test::frequent_tokens(*model_, prompts, 24);
     head_ = new ReDrafterHead(test::random_head(*model_, vocab, 32, 2, 5));
+    medusa_ = new MedusaHeads(test::random_medusa(*model_, vocab, 4, 6));
   }
   static void TearDownTestSuite() {
+    delete medusa_;
     delete head_;
     delete pool_;
     delete tok_;
@@ -51,13 +55,15 @@ class ReDrafterSpec : public ::testing::Test {
   static Tokenizer* tok_;
   static ThreadPool* pool_;
   static ReDrafterHead* head_;
+  static MedusaHeads* medusa_;
 };
-Model* ReDrafterSpec::model_ = nullptr;
-Tokenizer* ReDrafterSpec::tok_ = nullptr;
-ThreadPool* ReDrafterSpec::pool_ = nullptr;
-ReDrafterHead* ReDrafterSpec::head_ = nullptr;
+MedusaHeads* HeadSpec::medusa_ = nullptr;
+Model* HeadSpec::model_ = nullptr;
+Tokenizer* HeadSpec::tok_ = nullptr;
+ThreadPool* HeadSpec::pool_ = nullptr;
+ReDrafterHead* HeadSpec::head_ = nullptr;
 
-TEST_F(ReDrafterSpec, GreedyOutputEqualsPlainDecoding) {
+TEST_F(HeadSpec, GreedyOutputEqualsPlainDecoding) {
   Generator gen(*model_, pool_, 512);
   int64_t drafted = 0, accepted = 0;
   for (int p = 0; p < 6; ++p) {
@@ -87,7 +93,36 @@ TEST_F(ReDrafterSpec, GreedyOutputEqualsPlainDecoding) {
   EXPECT_LT(accepted, drafted);
 }
 
-TEST_F(ReDrafterSpec, EngineBatchMixEqualsSoloRuns) {
+TEST_F(HeadSpec, MedusaGreedyOutputEqualsPlainDecoding) {
+  Generator gen(*model_, pool_, 512);
+  int64_t drafted = 0, accepted = 0;
+  for (int p = 0; p < 6; ++p) {
+    GenerationConfig plain;
+    plain.max_new_tokens = 80;
+    const std::vector<int32_t> want = gen.generate(prompt(p), plain, nullptr, nullptr);
+    for (const char* tree : {"", "0;0,0;0,0,0;0,0,0,0", "0;1;2;3;4;5", "0;1;0,0;1,0;0,1;0,0,0"}) {
+      for (int budget : {16, 2}) {
+        MedusaProposer proposer(*medusa_, *tree ? parse_medusa_tree(tree) : default_medusa_tree(),
+                                pool_);
+        GenerationConfig g = plain;
+        g.proposer = &proposer;
+        g.draft.adaptive = false;
+        g.draft.max_draft = budget;
+        GenerationStats st;
+        ASSERT_EQ(gen.generate(prompt(p), g, nullptr, &st), want)
+            << "prompt " << p << " tree '" << tree << "' budget " << budget;
+        drafted += st.n_drafted;
+        accepted += st.n_accepted;
+      }
+    }
+  }
+  std::printf("drafted %lld accepted %lld\n", static_cast<long long>(drafted),
+              static_cast<long long>(accepted));
+  EXPECT_GT(accepted, 50);
+  EXPECT_LT(accepted, drafted);
+}
+
+TEST_F(HeadSpec, EngineBatchMixEqualsSoloRuns) {
   std::vector<Request> requests;
   for (int i = 0; i < 12; ++i) {
     Request r;
@@ -98,8 +133,8 @@ TEST_F(ReDrafterSpec, EngineBatchMixEqualsSoloRuns) {
     r.sampling.seed = 100 + i;
     r.spec.adaptive = false;
     if (i % 4 == 3) {
-      r.spec.method = SpecMethod::kNgram;
-      r.spec.num_draft = 4;
+      r.spec.method = i % 8 == 3 ? SpecMethod::kNgram : SpecMethod::kMedusa;
+      r.spec.num_draft = i % 8 == 3 ? 4 : 10;
     } else if (i % 4 != 0) {
       r.spec.method = SpecMethod::kReDrafter;
       r.spec.beams = 1 + i % 5;
@@ -111,6 +146,7 @@ TEST_F(ReDrafterSpec, EngineBatchMixEqualsSoloRuns) {
   for (int32_t kv_blocks : {0, 12}) {  // 12 blocks of 16: preemption
     EngineConfig config;
     config.drafter_head = head_;
+    config.medusa_heads = medusa_;
     config.kv_blocks = kv_blocks;
     config.max_context = 512;
     Engine engine(*model_, tok_, pool_, config);
@@ -132,18 +168,20 @@ TEST_F(ReDrafterSpec, EngineBatchMixEqualsSoloRuns) {
     if (kv_blocks > 0) EXPECT_GT(st.preemptions, 0);
     ASSERT_TRUE(st.spec.count("redrafter"));
     EXPECT_GT(st.spec.at("redrafter").accepted, 0);
+    ASSERT_TRUE(st.spec.count("medusa"));
+    EXPECT_GT(st.spec.at("medusa").accepted, 0);
     for (size_t i = 0; i < requests.size(); ++i) {
       // A full pool cuts drafts, and sampled draws depend on the draft sizes (not their
       // distribution): only greedy requests must replay their solo runs then.
       if (kv_blocks > 0 && !requests[i].sampling.greedy()) continue;
       const std::vector<int32_t> want =
-          test::solo_output(*model_, *tok_, pool_, requests[i], nullptr, 512, head_);
+          test::solo_output(*model_, *tok_, pool_, requests[i], nullptr, 512, head_, medusa_);
       EXPECT_EQ(out[i], want) << "request " << i << " kv_blocks " << kv_blocks;
     }
   }
 }
 
-TEST_F(ReDrafterSpec, EngineRefusesReDrafterWithoutAHead) {
+TEST_F(HeadSpec, EngineRefusesReDrafterWithoutAHead) {
   EngineConfig config;
   Engine engine(*model_, tok_, pool_, config);
   Request r;
@@ -157,6 +195,15 @@ TEST_F(ReDrafterSpec, EngineRefusesReDrafterWithoutAHead) {
   Engine engine2(*model_, tok_, pool_, with_head);
   r.spec.beams = 0;
   EXPECT_EQ(engine2.submit(r).param, "beams");
+  r.spec.method = SpecMethod::kMedusa;
+  EXPECT_EQ(engine2.submit(r).param, "spec");  // no Medusa heads loaded
+  EngineConfig with_medusa;
+  with_medusa.medusa_heads = medusa_;
+  Engine engine3(*model_, tok_, pool_, with_medusa);
+  r.spec.medusa_tree = "0;0,0;0,0,0;0,0,0,0;0,0,0,0,0";  // deeper than the 4 heads
+  EXPECT_EQ(engine3.submit(r).param, "medusa_tree");
+  r.spec.medusa_tree = "0;1";
+  EXPECT_TRUE(engine3.submit(r).ok());
 }
 
 }  // namespace
