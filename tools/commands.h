@@ -10,5 +10,6 @@ namespace specdec::cli {
 void add_generate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_train_drafter_command(CLI::App& app);
 
 }  // namespace specdec::cli

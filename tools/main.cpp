@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   specdec::cli::add_generate_command(app);
   specdec::cli::add_bench_command(app);
   specdec::cli::add_serve_command(app);
+  specdec::cli::add_train_drafter_command(app);
   try {
     specdec::set_isa(specdec::detect_isa());  // validates SPECDEC_ISA once, up front
     app.parse(argc, argv);

@@ -216,7 +216,7 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
   Clock::time_point last_event = t0;
   const int64_t first_step = step;
   double interval_loss = 0;
-  int64_t interval_positions = 0;
+  int64_t interval_scored = 0;
   ReDrafterTrainEvent ev;
   ev.total_steps = total;
 
@@ -283,18 +283,20 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
     const double lr = lr_at(step, total, warmup, o.lr, o.lr_min);
     adamw_update(w, grad, adam, lr, o.adam, pool);
     ++step;
-    interval_loss += st.objective() * static_cast<double>(st.n_positions);
-    interval_positions += st.n_positions;
+    for (size_t k = 0; k < st.loss_sum.size(); ++k) {
+      interval_loss += st.loss_sum[k];
+      interval_scored += st.n_scored[k];
+    }
     ev.epoch = static_cast<int>(epoch);
     ev.lr = lr;
     ev.grad_norm = norm;
     if (on_event && (seconds_since(last_event) >= 1.0 || step == total)) {
       ev.kind = ReDrafterTrainEvent::Kind::kProgress;
-      ev.train_loss = interval_positions ? interval_loss / static_cast<double>(interval_positions) : 0;
+      ev.train_loss = interval_scored ? interval_loss / static_cast<double>(interval_scored) : 0;
       fill_timing(ev);
       on_event(ev);
       interval_loss = 0;
-      interval_positions = 0;
+      interval_scored = 0;
       last_event = Clock::now();
     }
     if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && step < total) save_checkpoint();

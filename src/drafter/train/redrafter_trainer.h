@@ -47,7 +47,8 @@ struct ReDrafterTrainEvent {
   int64_t step = 0;          // updates done
   int64_t total_steps = 0;
   int epoch = 0;             // 0-based epoch of the last update
-  double train_loss = 0;     // objective averaged over the updates since the last progress event
+  double train_loss = 0;     // cross-entropy per scored target over the updates since the last
+                             // progress event (the unit of ReDrafterLossStats::mean_loss)
   double lr = 0;             // learning rate of the last update
   double grad_norm = 0;      // before clipping, last update
   double positions_per_s = 0;  // this run's training throughput
