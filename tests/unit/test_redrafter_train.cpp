@@ -17,10 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
 #include "drafter/redrafter_weights.h"
 #include "drafter/train/adamw.h"
+#include "drafter/train/optimizer_kernels.h"
 #include "drafter/train/redrafter_init.h"
 #include "drafter/train/redrafter_params.h"
 #include "drafter/train/redrafter_trainer.h"
@@ -213,6 +215,42 @@ TEST(AdamW, ClippingAndSchedule) {
   EXPECT_NEAR(lr_at(109, 110, 10, 1e-3, 1e-5), 1e-5, 1e-12);
   const double mid = lr_at(10 + 99 / 2, 110, 10, 1e-3, 0.0);
   EXPECT_NEAR(mid, 0.5e-3, 1e-5);
+}
+
+TEST(AdamW, KernelVariantsAndThreadCountsGiveTheSameBits) {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {1, 7, 16, 33, 1000}) {
+    std::vector<float> g(n), w(n), m(n), v(n);
+    for (int64_t i = 0; i < n; ++i) {
+      g[i] = normal(gen);
+      w[i] = normal(gen);
+      m[i] = 0.1f * normal(gen);
+      v[i] = std::fabs(0.01f * normal(gen));
+    }
+    const AdamWStep s{0.9f, 0.1f, 0.999f, 0.001f, 1e-3f, 3.2f, 1e-8f, 1e-5f, 0.7f};
+    std::vector<float> w1 = w, m1 = m, v1 = v, w2 = w, m2 = m, v2 = v;
+    adamw_kernel(Isa::kScalar, s, n, g.data(), w1.data(), m1.data(), v1.data());
+    const double ref = sum_squares_kernel(Isa::kScalar, g.data(), n);
+    if (isa_supported(Isa::kAvx512)) {
+      adamw_kernel(Isa::kAvx512, s, n, g.data(), w2.data(), m2.data(), v2.data());
+      EXPECT_EQ(0, std::memcmp(w1.data(), w2.data(), n * 4)) << n;
+      EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), n * 4)) << n;
+      EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), n * 4)) << n;
+      EXPECT_EQ(ref, sum_squares_kernel(Isa::kAvx512, g.data(), n)) << n;
+    }
+    double exact = 0;
+    for (float x : g) exact += double(x) * x;
+    EXPECT_NEAR(ref, exact, 1e-12 * exact);
+    // the update itself: one element by hand
+    const float g0 = g[0] * 0.7f, m0 = 0.9f * m[0] + 0.1f * g0, v0 = 0.999f * v[0] + 0.001f * g0 * g0;
+    EXPECT_NEAR(w1[0], w[0] - (1e-3f * m0 / (std::sqrt(v0) * 3.2f + 1e-8f) + 1e-5f * w[0]), 1e-6);
+  }
+  // The norm over a head, 1 or 2 threads.
+  const Synthetic syn = make_synthetic(4, 10, 40, 50, 3);
+  ReDrafterWeights head = fresh_head(syn, 70, 2, 45, 9);
+  ThreadPool p2(2);
+  EXPECT_EQ(global_grad_norm(head, nullptr), global_grad_norm(head, &p2));
 }
 
 // ---- checkpoints ---------------------------------------------------------------------------

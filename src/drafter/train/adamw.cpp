@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "backend/cpu/thread_pool.h"
+#include "drafter/train/optimizer_kernels.h"
 #include "drafter/train/redrafter_params.h"
 #include "util/check.h"
 
@@ -17,15 +18,54 @@ AdamWState make_adamw_state(const ReDrafterWeights& w) {
   return s;
 }
 
+namespace {
+
+// Element-wise work is cut into chunks of this many elements, shared over the pool; the
+// norm's partial sums are per chunk and added in chunk order (any thread count, same bits).
+constexpr int64_t kChunk = 1 << 14;
+
+struct Chunk {
+  int tensor;
+  int64_t begin, end;
+};
+
+std::vector<Chunk> chunks_of(const std::vector<ParamTensor>& ts) {
+  std::vector<Chunk> out;
+  for (size_t t = 0; t < ts.size(); ++t) {
+    const int64_t n = static_cast<int64_t>(ts[t].data.size());
+    for (int64_t b = 0; b < n; b += kChunk) out.push_back({static_cast<int>(t), b, std::min(n, b + kChunk)});
+  }
+  return out;
+}
+
+template <class F>
+void for_chunks(ThreadPool* pool, int64_t n_chunks, F&& body) {
+  if (pool && pool->size() > 1 && n_chunks > 1) {
+    pool->parallel_for(n_chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) body(c);
+    });
+  } else {
+    for (int64_t c = 0; c < n_chunks; ++c) body(c);
+  }
+}
+
+}  // namespace
+
 void adamw_update(ReDrafterWeights& w, const ReDrafterWeights& g, AdamWState& state, double lr,
-                  const AdamWOptions& o, ThreadPool* pool) {
+                  const AdamWOptions& o, ThreadPool* pool, float grad_scale) {
   state.t += 1;
   const double c1 = 1.0 - std::pow(o.beta1, static_cast<double>(state.t));
   const double c2 = 1.0 - std::pow(o.beta2, static_cast<double>(state.t));
-  const float b1 = static_cast<float>(o.beta1), b2 = static_cast<float>(o.beta2);
-  const float step = static_cast<float>(lr / c1);          // lr / (1 - β1^t)
-  const float inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(c2));
-  const float eps = static_cast<float>(o.eps);
+  AdamWStep base;
+  base.beta1 = static_cast<float>(o.beta1);
+  base.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  base.beta2 = static_cast<float>(o.beta2);
+  base.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  base.step = static_cast<float>(lr / c1);
+  base.inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(c2));
+  base.eps = static_cast<float>(o.eps);
+  base.grad_scale = grad_scale;
+  const float decay = static_cast<float>(lr * o.weight_decay);
   std::vector<ParamTensor> pw = redrafter_param_tensors(w);
   std::vector<ParamTensor> pg = redrafter_param_tensors(const_cast<ReDrafterWeights&>(g));
   std::vector<ParamTensor> pm = redrafter_param_tensors(state.m);
@@ -36,41 +76,41 @@ void adamw_update(ReDrafterWeights& w, const ReDrafterWeights& g, AdamWState& st
     SPECDEC_CHECK(pw[t].data.size() == pg[t].data.size() && pw[t].data.size() == pm[t].data.size() &&
                       pw[t].data.size() == pv[t].data.size(),
                   "AdamW: tensor sizes differ");
-    const float decay = pw[t].decay ? static_cast<float>(lr * o.weight_decay) : 0.0f;
-    float* wp = pw[t].data.data();
-    const float* gp = pg[t].data.data();
-    float* mp = pm[t].data.data();
-    float* vp = pv[t].data.data();
-    auto body = [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const float gi = gp[i];
-        mp[i] = b1 * mp[i] + (1.0f - b1) * gi;
-        vp[i] = b2 * vp[i] + (1.0f - b2) * gi * gi;
-        const float denom = std::sqrt(vp[i]) * inv_sqrt_c2 + eps;
-        wp[i] -= step * mp[i] / denom + decay * wp[i];
-      }
-    };
-    const int64_t n = static_cast<int64_t>(pw[t].data.size());
-    if (pool && pool->size() > 1 && n > 1 << 15) {
-      pool->parallel_for(n, 4096, body);
-    } else {
-      body(0, n);
-    }
   }
+  const std::vector<Chunk> chunks = chunks_of(pw);
+  const Isa isa = active_isa();
+  for_chunks(pool, static_cast<int64_t>(chunks.size()), [&](int64_t c) {
+    const Chunk& ch = chunks[c];
+    AdamWStep s = base;
+    s.decay = pw[ch.tensor].decay ? decay : 0.0f;
+    adamw_kernel(isa, s, ch.end - ch.begin, pg[ch.tensor].data.data() + ch.begin,
+                 pw[ch.tensor].data.data() + ch.begin, pm[ch.tensor].data.data() + ch.begin,
+                 pv[ch.tensor].data.data() + ch.begin);
+  });
 }
 
-double global_grad_norm(ReDrafterWeights& g) {
+double global_grad_norm(ReDrafterWeights& g, ThreadPool* pool) {
+  const std::vector<ParamTensor> pg = redrafter_param_tensors(g);
+  const std::vector<Chunk> chunks = chunks_of(pg);
+  std::vector<double> partial(chunks.size(), 0.0);
+  const Isa isa = active_isa();
+  for_chunks(pool, static_cast<int64_t>(chunks.size()), [&](int64_t c) {
+    const Chunk& ch = chunks[c];
+    partial[c] = sum_squares_kernel(isa, pg[ch.tensor].data.data() + ch.begin, ch.end - ch.begin);
+  });
   double sum = 0;
-  for (const ParamTensor& p : redrafter_param_tensors(g)) {
-    for (float x : p.data) sum += static_cast<double>(x) * x;
-  }
+  for (double p : partial) sum += p;
   return std::sqrt(sum);
 }
 
-double clip_grad_norm(ReDrafterWeights& g, double max_norm) {
-  const double norm = global_grad_norm(g);
-  if (max_norm > 0 && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+float clip_scale(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+double clip_grad_norm(ReDrafterWeights& g, double max_norm, ThreadPool* pool) {
+  const double norm = global_grad_norm(g, pool);
+  const float scale = clip_scale(norm, max_norm);
+  if (scale != 1.0f) {
     for (ParamTensor& p : redrafter_param_tensors(g)) {
       for (float& x : p.data) x *= scale;
     }

@@ -27,17 +27,20 @@ struct AdamWState {
 
 AdamWState make_adamw_state(const ReDrafterWeights& w);
 
-// One update of w with gradient g at learning rate lr (t advances first, bias-corrected):
+// One update of w with gradient g * grad_scale at learning rate lr (t advances first,
+// bias-corrected; optimizer_kernels.h has the exact arithmetic):
 //   m = β1 m + (1-β1) g;  v = β2 v + (1-β2) g²
 //   w -= lr (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + eps) + lr wd w   (wd on matrices only)
 void adamw_update(ReDrafterWeights& w, const ReDrafterWeights& g, AdamWState& state, double lr,
-                  const AdamWOptions& o, ThreadPool* pool);
+                  const AdamWOptions& o, ThreadPool* pool, float grad_scale = 1.0f);
 
-// sqrt(Σ g²) over every parameter (double accumulation in the parameters' order).
-double global_grad_norm(ReDrafterWeights& g);
-// Scales g so that its global norm is at most max_norm; returns the norm before (max_norm <= 0:
-// no clipping).
-double clip_grad_norm(ReDrafterWeights& g, double max_norm);
+// sqrt(Σ g²) over every parameter, in double: partial sums over fixed chunks, added in order.
+double global_grad_norm(ReDrafterWeights& g, ThreadPool* pool = nullptr);
+// The factor that brings a gradient of norm `norm` down to max_norm (1 when it is below, or
+// max_norm <= 0: no clipping).
+float clip_scale(double norm, double max_norm);
+// Scales g in place by clip_scale; returns the norm before.
+double clip_grad_norm(ReDrafterWeights& g, double max_norm, ThreadPool* pool = nullptr);
 
 // The learning rate of update `step` (0-based) of `total`: lr_max (step + 1) / warmup during the
 // first `warmup` updates, then cosine from lr_max down to lr_min at the last update.

@@ -279,9 +279,9 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
     make_batch(data, std::span<const int64_t>(order).subspan(b0, b1 - b0), o.steps, draft_index,
                &batch);
     const ReDrafterLossStats st = pass.run(w, embedding, batch, &grad, pool);
-    const double norm = clip_grad_norm(grad, o.clip);
+    const double norm = global_grad_norm(grad, pool);
     const double lr = lr_at(step, total, warmup, o.lr, o.lr_min);
-    adamw_update(w, grad, adam, lr, o.adam, pool);
+    adamw_update(w, grad, adam, lr, o.adam, pool, clip_scale(norm, o.clip));
     ++step;
     for (size_t k = 0; k < st.loss_sum.size(); ++k) {
       interval_loss += st.loss_sum[k];
