@@ -5,21 +5,13 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
+#include "drafter/train/train_activations.h"
 #include "drafter/train/train_gemm.h"
 #include "util/check.h"
 
 namespace specdec {
 namespace {
-
-inline float sigmoid(float y) { return 1.0f / (1.0f + std::exp(-y)); }
-inline float silu(float y) { return y * sigmoid(y); }
-// d SiLU(y) / dy = σ(y) (1 + y (1 - σ(y)))
-inline float silu_grad(float y) {
-  const float s = sigmoid(y);
-  return s * (1.0f + y * (1.0f - s));
-}
 
 // body(begin, end) over [0, n) on the pool's threads (each element by one fixed thread-free
 // computation, so the split changes nothing).
@@ -117,6 +109,7 @@ ReDrafterLossStats ReDrafterGradient::run(const ReDrafterWeights& w,
                 "ReDrafter training: the embedding is not [n_target_vocab, dim]");
   n_vocab_ = V;
   state_dim_ = S;
+  const Isa isa = active_isa();
 
   ReDrafterLossStats stats;
   stats.reset(static_cast<int>(C));
@@ -153,7 +146,7 @@ ReDrafterLossStats ReDrafterGradient::run(const ReDrafterWeights& w,
     }
     float* s_k = state_.data() + k * B * S;
     for_rows(pool, B * S, 4096, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) s_k[i] = silu(pre_k[i]);
+      silu_residual(isa, pre_k + i0, nullptr, s_k + i0, i1 - i0);
     });
   }
 
@@ -183,7 +176,7 @@ ReDrafterLossStats ReDrafterGradient::run(const ReDrafterWeights& w,
     const float* xin = x_at(l);
     float* xout = x_at(l + 1);
     for_rows(pool, R * D, 8192, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) xout[i] = xin[i] + silu(y[i]);
+      silu_residual(isa, y + i0, xin + i0, xout + i0, i1 - i0);
     });
   }
   const float* x_last = x_at(L);
@@ -203,19 +196,9 @@ ReDrafterLossStats ReDrafterGradient::run(const ReDrafterWeights& w,
         continue;
       }
       SPECDEC_CHECK(t < V, "ReDrafter batch: target beyond the draft vocabulary");
-      const int64_t am = argmax(z, V);
-      const float zmax = z[am], zt = z[t];
-      row_argmax_[r] = static_cast<int32_t>(am);
-      if (backward) {
-        softmax(z, V);  // p = exp(z - max) / Σ, so p[argmax] = 1 / Σ
-        row_loss_[r] = static_cast<double>(zmax) - zt - std::log(static_cast<double>(z[am]));
-        for (int64_t v = 0; v < V; ++v) z[v] *= inv_b;
-        z[t] -= inv_b;
-      } else {  // keep the logits: log Σ exp in double
-        double sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - zmax);
-        row_loss_[r] = static_cast<double>(zmax) - zt + std::log(sum);
-      }
+      const CrossEntropyRow ce = cross_entropy_row(isa, z, V, t, backward ? inv_b : 0.0f);
+      row_loss_[r] = ce.loss;
+      row_argmax_[r] = ce.argmax;
     }
   });
   for (int64_t k = 0; k < C; ++k) {
@@ -253,7 +236,7 @@ ReDrafterLossStats ReDrafterGradient::run(const ReDrafterWeights& w,
   for (int l = L - 1; l >= 0; --l) {
     float* dy = y_at(l);  // y_l becomes dJ/dy_l
     for_rows(pool, R * D, 8192, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) dy[i] = dx_[i] * silu_grad(dy[i]);
+      silu_backward(isa, dx_.data() + i0, dy + i0, i1 - i0);
     });
     column_sums(dy, R, D, g.b_block[l].data(), pool);
     const float* wl = w.w_block[l].data();
@@ -294,7 +277,7 @@ ReDrafterLossStats ReDrafterGradient::run(const ReDrafterWeights& w,
     float* dpre = pre_.data() + k * B * S;  // pre_k becomes dJ/dpre_k
     const float* ds = ds_.data() + k * B * S;
     for_rows(pool, B * S, 4096, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) dpre[i] = ds[i] * silu_grad(dpre[i]);
+      silu_backward(isa, ds + i0, dpre + i0, i1 - i0);
     });
     if (k > 0) {
       linear_backward_input(B, S, S, dpre, S, w.w_state.data(), S, ds_.data() + (k - 1) * B * S,
