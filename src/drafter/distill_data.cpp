@@ -206,6 +206,7 @@ void compute_hidden(Model& target, DistillDataset& d, int chunk, ThreadPool* poo
       b.positions = {positions.data() + filled, static_cast<size_t>(n)};
       b.output_rows = {rows.data(), static_cast<size_t>(n)};
       b.want_hidden = true;
+      b.skip_logits = true;  // only the hidden rows are kept
       batches.push_back(SeqBatch{kv.seq(), b});
       pieces.push_back({s, p, n});
       budget -= n;

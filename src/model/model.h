@@ -34,6 +34,9 @@ struct ForwardBatch {
   std::span<const uint8_t> mask;
   std::span<const int32_t> output_rows;  // rows of the batch to return logits for, increasing
   bool want_hidden = false;              // also return the last hidden state of output_rows
+  // Hidden states only: when every sequence of a pass sets this (and want_hidden), the model
+  // may skip the output projection and return empty logits (the CPU model does).
+  bool skip_logits = false;
 };
 
 // One sequence's part of a batched pass.

@@ -308,10 +308,12 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
   offsets[0] = 0;
   int64_t n_out = 0;
   bool want_hidden = false;
+  bool skip_logits = true;
   for (int64_t si = 0; si < n_seqs; ++si) {
     offsets[si + 1] = offsets[si] + static_cast<int64_t>(seqs[si].batch.tokens.size());
     n_out += static_cast<int64_t>(seqs[si].batch.output_rows.size());
     want_hidden = want_hidden || seqs[si].batch.want_hidden;
+    skip_logits = skip_logits && seqs[si].batch.skip_logits && seqs[si].batch.want_hidden;
   }
   const int64_t n = offsets[n_seqs];
   if (n == 0) return {};
@@ -498,6 +500,10 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
   }
   rmsnorm(sel, output_norm_, c.rms_eps, n_out, c.dim, sel);
   dump("result_norm", -1, sel, n_out, c.dim);
+  if (skip_logits) {
+    result.hidden = {sel, static_cast<size_t>(n_out * c.dim)};
+    return result;
+  }
   float* logits = grow(sc.logits, n_out * c.n_vocab);  // [n_out, n_vocab]
   matmul(output_, sel, n_out, logits, pool);
   dump("result_output", -1, logits, n_out, c.n_vocab);
