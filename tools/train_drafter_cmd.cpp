@@ -218,6 +218,7 @@ void run_train_drafter(TrainDrafterOptions& o) {
   init.scale = o.init_scale;
   std::vector<float> out_rows;
   if (o.init_out == "target") out_rows = target_output_rows(*model, vocab);
+  if (o.init_out == "zero") init.out_std = 0.0;
   init_redrafter(w, o.train.seed, init, out_rows.empty() ? nullptr : out_rows.data());
   std::vector<int32_t> all_ids(cfg.n_vocab);
   for (int i = 0; i < cfg.n_vocab; ++i) all_ids[i] = i;
@@ -235,7 +236,7 @@ void run_train_drafter(TrainDrafterOptions& o) {
   auto on_event = [&](const ReDrafterTrainEvent& e) {
     if (e.kind == ReDrafterTrainEvent::Kind::kProgress) {
       fmt::print(stderr,
-                 "\rstep {}/{} epoch {}/{} | loss {:.4f} | lr {:.2e} | |g| {:.3f} | {:.0f} pos/s "
+                 "\rstep {}/{} epoch {}/{} | loss {:.4f} | lr {:.2e} | |g| {:.3f} | {:.0f} tok/s "
                  "| {} elapsed, ETA {}   ",
                  e.step, e.total_steps, e.epoch + 1, o.train.epochs, e.train_loss, e.lr,
                  e.grad_norm, e.positions_per_s, format_duration(e.elapsed_s),
@@ -304,7 +305,7 @@ void run_train_drafter(TrainDrafterOptions& o) {
   if (!parent.empty()) std::filesystem::create_directories(parent);
   save_redrafter(o.out, w, o.dtype == "f32" ? StDtype::kF32 : StDtype::kF16);
   fmt::print(stderr,
-             "wrote {} ({} updates, {} positions trained in {}, {:.0f} pos/s); held-out loss "
+             "wrote {} ({} updates, {} positions trained in {}, {:.0f} tok/s); held-out loss "
              "{:.4f}, accuracy by step {}, greedy accepted {:.3f}\n",
              o.out, r.steps, r.positions_trained, format_duration(r.seconds), r.positions_per_s,
              r.eval.mean_loss(), acc, r.eval.accepted_length());
@@ -362,9 +363,9 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--init-scale", o->init_scale, "Random matrices: std = scale / sqrt(fan_in)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--init-out", o->init_out,
-                  "lm_head's start: random, or target (the target's output rows of the draft "
-                  "vocabulary)")
-      ->check(CLI::IsMember({"random", "target"}))->capture_default_str();
+                  "lm_head's start: random (std 1/sqrt(width)), zero (uniform drafts at first), "
+                  "or target (the target's output rows of the draft vocabulary)")
+      ->check(CLI::IsMember({"random", "zero", "target"}))->capture_default_str();
   cmd->add_option("--seed", o->train.seed, "Seed of the initialisation, split and shuffles")
       ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)")

@@ -58,7 +58,7 @@ void init_redrafter(ReDrafterWeights& w, uint64_t seed, const ReDrafterInitOptio
       std::fill(row + dim, row + d, 0.0f);
     }
   } else {
-    fill_normal(w.w_out, o.out_std > 0 ? o.out_std : 1.0 / std::sqrt(static_cast<double>(d)),
+    fill_normal(w.w_out, o.out_std >= 0 ? o.out_std : 1.0 / std::sqrt(static_cast<double>(d)),
                 draws);
   }
 }

@@ -11,8 +11,9 @@ namespace specdec {
 struct ReDrafterInitOptions {
   // W_e, W_s and the blocks' W_l: normal, std = scale / sqrt(fan_in).
   double scale = 1.0;
-  // lm_head: normal with this std (<= 0: 1 / sqrt(D)), unless out_rows is given.
-  double out_std = 0.0;
+  // lm_head: normal with this std (< 0: 1 / sqrt(D); 0: all zero, so the head starts at the
+  // uniform distribution), unless out_rows is given.
+  double out_std = -1.0;
 };
 
 // Fills every parameter of w from `seed` (same seed, same head). out_rows: [V_d, dim] or null;
