@@ -226,6 +226,10 @@ void run_train_drafter(TrainDrafterOptions& o) {
   model->embed_tokens(all_ids, embedding.data());
 
   if (o.checkpoint.empty()) o.checkpoint = o.out + ".ckpt";
+  for (const std::string& file : {o.out, o.checkpoint}) {  // before hours of training, not after
+    const std::filesystem::path parent = std::filesystem::path(file).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+  }
   o.train.checkpoint_path = o.checkpoint;
   fmt::print(stderr,
              "head: redrafter dim {} state {} blocks {} draft vocabulary {} ({:.2f}M parameters), "
@@ -301,14 +305,15 @@ void run_train_drafter(TrainDrafterOptions& o) {
     w.info["train.eval_accuracy"] = acc;
     w.info["train.eval_accepted_length"] = fmt::format("{:.4f}", r.eval.accepted_length());
   }
-  const std::filesystem::path parent = std::filesystem::path(o.out).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
   save_redrafter(o.out, w, o.dtype == "f32" ? StDtype::kF32 : StDtype::kF16);
-  fmt::print(stderr,
-             "wrote {} ({} updates, {} positions trained in {}, {:.0f} tok/s); held-out loss "
-             "{:.4f}, accuracy by step {}, greedy accepted {:.3f}\n",
-             o.out, r.steps, r.positions_trained, format_duration(r.seconds), r.positions_per_s,
-             r.eval.mean_loss(), acc, r.eval.accepted_length());
+  fmt::print(stderr, "wrote {} ({} updates, {} positions trained in {}, {:.0f} tok/s); ", o.out,
+             r.steps, r.positions_trained, format_duration(r.seconds), r.positions_per_s);
+  if (r.eval.n_positions > 0) {
+    fmt::print(stderr, "held-out loss {:.4f}, accuracy by step {}, greedy accepted {:.3f}\n",
+               r.eval.mean_loss(), acc, r.eval.accepted_length());
+  } else {
+    fmt::print(stderr, "no held-out sequences (--eval-fraction 0)\n");
+  }
 }
 
 }  // namespace
