@@ -58,6 +58,8 @@ void ReDrafterBeamSearch::run(std::span<const float> h, int32_t root, const Beam
   draft_.assign(static_cast<size_t>(m) * len, 0);
   next_draft_.resize(static_cast<size_t>(m) * len);
   score_.assign(static_cast<size_t>(m), 0.0f);
+  prefix_.assign(static_cast<size_t>(m) * len, 0.0f);
+  next_prefix_.resize(static_cast<size_t>(m) * len);
   last_tok_.assign(static_cast<size_t>(m), root);
   std::vector<std::pair<float, int32_t>> best;
   int live = 1;  // rows of the current step
@@ -83,12 +85,16 @@ void ReDrafterBeamSearch::run(std::span<const float> h, int32_t root, const Beam
       std::copy_n(draft_.data() + static_cast<size_t>(cd.row) * len, k,
                   next_draft_.data() + static_cast<size_t>(b) * len);
       next_draft_[static_cast<size_t>(b) * len + k] = cd.v;
+      std::copy_n(prefix_.data() + static_cast<size_t>(cd.row) * len, k,
+                  next_prefix_.data() + static_cast<size_t>(b) * len);
+      next_prefix_[static_cast<size_t>(b) * len + k] = cd.score;
       std::copy_n(s_out_.data() + static_cast<size_t>(cd.row) * s, s,
                   next_state_.data() + static_cast<size_t>(b) * s);
       score_[b] = cd.score;
       last_tok_[b] = vocab[cd.v];
     }
     std::swap(draft_, next_draft_);
+    std::swap(prefix_, next_prefix_);
     std::swap(state_, next_state_);
     live = next;
   }
@@ -96,6 +102,7 @@ void ReDrafterBeamSearch::run(std::span<const float> h, int32_t root, const Beam
   out->tokens.resize(static_cast<size_t>(live) * len);
   for (int i = 0; i < live * len; ++i) out->tokens[i] = vocab[draft_[i]];
   out->scores.assign(score_.begin(), score_.begin() + live);
+  out->prefix_scores.assign(prefix_.begin(), prefix_.begin() + static_cast<size_t>(live) * len);
 }
 
 }  // namespace specdec

@@ -28,6 +28,7 @@ struct Beams {
   int length = 0;               // C
   std::vector<int32_t> tokens;  // [n, length] target token ids, best beam first
   std::vector<float> scores;    // [n] sum of log-probabilities, decreasing
+  std::vector<float> prefix_scores;  // [n, length] the sum over the first k + 1 tokens
 };
 
 class ReDrafterBeamSearch {
@@ -51,6 +52,8 @@ class ReDrafterBeamSearch {
   std::vector<int32_t> next_draft_;
   std::vector<float> next_state_;
   std::vector<float> score_;     // [M]
+  std::vector<float> prefix_;    // [M, C] live beams' prefix scores
+  std::vector<float> next_prefix_;
   std::vector<int32_t> last_tok_;  // [M] target ids of the live beams' last tokens
   struct Cand {
     float score;

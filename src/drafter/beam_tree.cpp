@@ -5,11 +5,14 @@
 namespace specdec {
 
 int pack_beams(std::span<const int32_t> beams, int n_beams, int length, int max_nodes,
-               TokenTree* tree, std::vector<int32_t>* end_nodes) {
+               TokenTree* tree, std::vector<int32_t>* end_nodes,
+               std::span<const float> prefix_scores, std::vector<float>* node_scores) {
   SPECDEC_CHECK(static_cast<int64_t>(beams.size()) == static_cast<int64_t>(n_beams) * length,
                 "pack_beams: beams size");
   if (end_nodes) end_nodes->assign(static_cast<size_t>(n_beams), 0);
   const int start = tree->num_drafts();
+  const bool scored = node_scores != nullptr && !prefix_scores.empty();
+  if (scored) node_scores->assign(static_cast<size_t>(tree->size()), 0.0f);
   // children[node]: the nodes under it, for the prefix lookup (trees are a few dozen nodes).
   std::vector<std::vector<int32_t>> children(static_cast<size_t>(tree->size()));
   for (int i = 1; i < tree->size(); ++i) children[tree->parent(i)].push_back(i);
@@ -29,6 +32,7 @@ int pack_beams(std::span<const int32_t> beams, int n_beams, int length, int max_
         next = tree->add(node, tok);
         children[node].push_back(next);
         children.emplace_back();
+        if (scored) node_scores->push_back(prefix_scores[static_cast<size_t>(b) * length + k]);
       }
       node = next;
     }

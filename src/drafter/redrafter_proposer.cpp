@@ -1,21 +1,122 @@
 #include "drafter/redrafter_proposer.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "model/model.h"
 #include "util/check.h"
 
 namespace specdec {
 
 ReDrafterProposer::ReDrafterProposer(const ReDrafterHead& head, const Model& target,
-                                     ThreadPool* pool, const BeamSearchConfig& beams)
-    : pool_(pool), config_(beams), search_(head, target) {}
+                                     ThreadPool* pool, const BeamSearchConfig& beams,
+                                     const ReDrafterPolicy& policy)
+    : pool_(pool), config_(beams), policy_(policy), search_(head, target) {
+  draft_cost_ = static_cast<double>(head.weight_bytes()) * std::max(1, beams.length) /
+                static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
+  kept_depth_.fill(kMaxDepth);
+}
+
+void ReDrafterProposer::begin(std::span<const int32_t> prompt, uint64_t seed) {
+  (void)prompt;
+  (void)seed;
+  predicted_.fill(0.0);
+  drafted_ = false;
+  pred_sum_.fill(0.0);
+  acc_sum_.fill(0.0);
+  empty_streak_ = 0;
+  pause_left_ = 0;
+  pause_ = 4;
+  probe_ = false;
+  kept_depth_.fill(kMaxDepth);  // the full length until the tree says otherwise
+  kept_depth_pos_ = 0;
+}
 
 void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
+  drafted_ = false;
   if (request.target_hidden.empty() || request.max_tokens <= 0 || request.tokens.empty()) return;
+  const bool prune = policy_.prune && request.node_cost > 0.0;
+  if (prune && pause_left_ > 0) {
+    if (--pause_left_ == 0) probe_ = true;
+    return;
+  }
   BeamSearchConfig c = config_;
   c.length = std::min(c.length, request.max_tokens);
+  if (prune) {
+    const int deepest = *std::max_element(kept_depth_.begin(), kept_depth_.end());
+    c.length = std::min(c.length, deepest + 1);
+  }
   search_.run(request.target_hidden, request.tokens.back(), c, &beams_, pool_);
-  pack_beams(beams_.tokens, beams_.n, beams_.length, request.max_tokens, tree);
+  if (!prune) {
+    pack_beams(beams_.tokens, beams_.n, beams_.length, request.max_tokens, tree);
+    return;
+  }
+  full_.reset(request.tokens.back());
+  pack_beams(beams_.tokens, beams_.n, beams_.length, beams_.n * beams_.length, &full_, nullptr,
+             beams_.prefix_scores, &node_scores_);
+  // Nodes by decreasing calibrated chance (a child never beats its parent: scores only fall).
+  const int n = full_.size();
+  auto chance = [&](int i) {
+    const int d = std::min(full_.depth(i), kMaxDepth);
+    const double calib = pred_sum_[d] > 0.5 ? std::clamp(acc_sum_[d] / pred_sum_[d], 0.02, 2.0) : 1.0;
+    return std::exp(static_cast<double>(node_scores_[i])) * calib;
+  };
+  order_.clear();
+  for (int i = 1; i < n; ++i) order_.push_back(i);
+  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return chance(a) > chance(b); });
+  const double cost = request.node_cost;
+  double gain = 1.0;
+  double spent = 1.0 + draft_cost_ * c.length / std::max(1, config_.length);
+  kept_.assign(static_cast<size_t>(n), -1);  // [full_ node] node in `tree`, -1: not kept
+  kept_[0] = 0;
+  std::vector<int32_t> take;
+  for (int i : order_) {
+    if (static_cast<int>(take.size()) >= request.max_tokens) break;
+    const double p = chance(i);
+    const bool forced = probe_ && take.empty();
+    if (!forced && p <= cost * gain / spent) break;
+    if (std::find(take.begin(), take.end(), full_.parent(i)) == take.end() && full_.parent(i) != 0) {
+      continue;  // only after its parent (ties of equal chance)
+    }
+    take.push_back(i);
+    gain += p;
+    spent += cost;
+  }
+  probe_ = false;
+  int depth = 0;
+  for (int i : take) depth = std::max(depth, full_.depth(i));
+  kept_depth_[kept_depth_pos_] = depth;
+  kept_depth_pos_ = (kept_depth_pos_ + 1) % kDepthWindow;
+  if (take.empty()) {
+    if (++empty_streak_ >= kEmptyBeforePause) {
+      pause_left_ = pause_;
+      pause_ = std::min(2 * pause_, kMaxPause);
+      empty_streak_ = 0;
+    }
+    return;
+  }
+  empty_streak_ = 0;
+  pause_ = 4;
+  // Into `tree` in the full tree's (topological) order; the raw predictions per depth.
+  std::sort(take.begin(), take.end());
+  predicted_.fill(0.0);
+  for (int i : take) {
+    kept_[i] = tree->add(kept_[full_.parent(i)], full_.token(i));
+    predicted_[std::min(full_.depth(i), kMaxDepth)] += std::exp(static_cast<double>(node_scores_[i]));
+  }
+  drafted_ = true;
+}
+
+void ReDrafterProposer::observe(std::span<const int32_t> accepted, int32_t bonus) {
+  (void)bonus;
+  if (!drafted_) return;
+  const int a = static_cast<int>(accepted.size());
+  for (int d = 1; d <= kMaxDepth; ++d) {
+    if (predicted_[d] <= 0.0) continue;
+    pred_sum_[d] = (1.0 - kEma) * pred_sum_[d] + predicted_[d];
+    acc_sum_[d] = (1.0 - kEma) * acc_sum_[d] + (a >= d ? 1.0 : 0.0);
+  }
+  drafted_ = false;
 }
 
 }  // namespace specdec

@@ -5,9 +5,22 @@
 // sampled decoding treats the beams as deterministic drafts (accept x with probability p(x),
 // else remove x and renormalize), which is exactly the target's distribution - unlike
 // Apple's acceptance rule, which uses the beams' draft probabilities although beams are not
-// samples. The proposer keeps no state between steps: the hidden state carries everything.
+// samples.
+//
+// Which nodes are worth verifying (the adaptive tree; deterministic, no clock): node i's chance
+// of being accepted is estimated as p_i = exp(prefix score) * calib[depth], calib being the
+// running ratio of accepted to predicted per depth (observe()). With the request's node cost c
+// (one more token in the pass, in target passes) and the beam search's own cost d, the tree
+// that maximises expected tokens / cost takes nodes by decreasing p while
+//   p_i > c * (1 + sum of p taken) / (1 + d + c * nodes taken)
+// (a node raises the ratio exactly when its p/c beats the ratio so far). When no node is worth
+// it several times in a row, drafting pauses for a while (doubling up to 64 steps) and then
+// probes with at least its best node, so that the calibration keeps learning. The search itself
+// goes one step deeper than the deepest node kept in the last 8 drafting steps (at most C),
+// so that its cost follows what the tree uses.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -21,22 +34,50 @@ namespace specdec {
 class Model;
 class ThreadPool;
 
+struct ReDrafterPolicy {
+  bool prune = true;  // the adaptive tree above (off: every beam node, up to the budget)
+};
+
 class ReDrafterProposer final : public Proposer {
  public:
   // head and target outlive the proposer; pool may be null. beams.length is the deepest draft.
   ReDrafterProposer(const ReDrafterHead& head, const Model& target, ThreadPool* pool,
-                    const BeamSearchConfig& beams);
+                    const BeamSearchConfig& beams, const ReDrafterPolicy& policy = {});
   const char* name() const override { return "redrafter"; }
   bool wants_hidden() const override { return true; }
-  // Drafts at most request.max_tokens tree nodes (beams cut to fit, best beams first); nothing
-  // without a hidden state.
+  void begin(std::span<const int32_t> prompt, uint64_t seed) override;
+  // Drafts at most request.max_tokens tree nodes; nothing without a hidden state.
   void propose(const DraftRequest& request, TokenTree* tree) override;
+  void observe(std::span<const int32_t> accepted, int32_t bonus) override;
+
+  // The beam search's cost in target passes (head bytes streamed over C steps / target bytes).
+  double draft_cost() const { return draft_cost_; }
 
  private:
+  static constexpr int kMaxDepth = 16;
+  static constexpr int kEmptyBeforePause = 3;
+  static constexpr int kMaxPause = 64;
+  static constexpr double kEma = 0.05;
+
   ThreadPool* pool_;
   BeamSearchConfig config_;
+  ReDrafterPolicy policy_;
+  double draft_cost_ = 0.0;
   ReDrafterBeamSearch search_;
   Beams beams_;
+  TokenTree full_;                  // every beam node
+  std::vector<float> node_scores_;  // [full_ nodes] prefix log-probabilities
+  std::vector<int32_t> order_, kept_;
+  // The last tree's drafts: [depth] sum of raw p (for the calibration), and whether any.
+  std::array<double, kMaxDepth + 1> predicted_{};
+  bool drafted_ = false;
+  // Calibration: [depth] running sums of predicted and accepted.
+  std::array<double, kMaxDepth + 1> pred_sum_{}, acc_sum_{};
+  int empty_streak_ = 0, pause_left_ = 0, pause_ = 4;
+  static constexpr int kDepthWindow = 8;
+  std::array<int, kDepthWindow> kept_depth_{};  // deepest node kept, last drafting steps
+  int kept_depth_pos_ = 0;
+  bool probe_ = false;
 };
 
 }  // namespace specdec

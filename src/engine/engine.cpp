@@ -504,6 +504,11 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     req.tokens = s.tokens;
     req.max_tokens = static_cast<int>(k);
     if (s.proposer->wants_hidden()) req.target_hidden = s.hidden;
+    // Adaptive requests weigh a node against the batch's pass (the threshold above: a token
+    // more in a pass of B tokens costs c / (1 + c (B - 1)) of it, of which this sequence's
+    // progress is one token in B); the others against their solo pass, as Generator does, so
+    // that their drafts, and so their sampled draws, do not depend on the batch.
+    req.node_cost = s.request.spec.adaptive && batch_tokens > 1 ? threshold : c;
     try {
       s.proposer->propose(req, &s.tree);
     } catch (const Error& e) {

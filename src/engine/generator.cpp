@@ -125,6 +125,7 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
       req.tokens = history;
       req.max_tokens = budget;
       if (want_hidden) req.target_hidden = hidden_;
+      req.node_cost = config.verify_token_cost;
       proposer->propose(req, &tree_);
       SPECDEC_CHECK(tree_.num_drafts() <= budget, "proposer exceeded its draft budget");
     }

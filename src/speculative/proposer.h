@@ -21,6 +21,10 @@ struct DraftRequest {
   // Target's final-normed hidden state at the token before the root ([dim]); empty unless the
   // proposer asked for it with wants_hidden().
   std::span<const float> target_hidden;
+  // What one more draft token adds to the cost of this step, in target passes of this sequence
+  // alone (the cost model, never a clock); 0: unknown. A proposer that knows how likely each
+  // of its drafts is (ReDrafter's beam scores) keeps only those worth their cost.
+  double node_cost = 0.0;
 };
 
 class Proposer {

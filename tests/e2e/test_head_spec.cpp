@@ -72,15 +72,20 @@ TEST_F(HeadSpec, GreedyOutputEqualsPlainDecoding) {
     const std::vector<int32_t> want = gen.generate(prompt(p), plain, nullptr, nullptr);
     for (auto [m, c] : {std::pair{1, 4}, std::pair{3, 3}, std::pair{4, 4}, std::pair{2, 6},
                         std::pair{8, 2}}) {
-      for (int budget : {m * c, 3}) {
-        ReDrafterProposer proposer(*head_, *model_, pool_, BeamSearchConfig{m, c});
+      for (int budget : {m * c, 3, -1}) {
+        // -1: the whole tree with the adaptive pruning (ReDrafterPolicy), else every node.
+        ReDrafterPolicy policy;
+        policy.prune = budget < 0;
+        if (budget < 0) budget = m * c;
+        ReDrafterProposer proposer(*head_, *model_, pool_, BeamSearchConfig{m, c}, policy);
         GenerationConfig g = plain;
         g.proposer = &proposer;
         g.draft.adaptive = false;
         g.draft.max_draft = budget;
         GenerationStats st;
         const std::vector<int32_t> got = gen.generate(prompt(p), g, nullptr, &st);
-        ASSERT_EQ(got, want) << "prompt " << p << " beams " << m << "x" << c << " budget " << budget;
+        ASSERT_EQ(got, want) << "prompt " << p << " beams " << m << "x" << c << " budget " << budget
+                             << (policy.prune ? " pruned" : "");
         drafted += st.n_drafted;
         accepted += st.n_accepted;
         EXPECT_EQ(st.n_generated, 1 + st.n_forward_passes + st.n_accepted);

@@ -353,6 +353,7 @@ std::vector<int32_t> loop_generate(Model& target, KvCache& kv, std::span<const i
       req.tokens = hist;
       req.max_tokens = budget;
       if (want_hidden) req.target_hidden = hidden;
+      req.node_cost = GenerationConfig{}.verify_token_cost;  // as Generator
       proposer->propose(req, &tree);
     }
     tree.build_positions(past, &positions);

@@ -19,6 +19,7 @@
 #include "drafter/beam_search.h"
 #include "drafter/beam_tree.h"
 #include "drafter/redrafter_head.h"
+#include "drafter/redrafter_proposer.h"
 #include "drafter/redrafter_weights.h"
 #include "drafter/safetensors.h"
 #include "model/gguf.h"
@@ -36,6 +37,7 @@ std::string temp_path(const std::string& name) {
 // A head with random weights of the given shape over the first vd ids of a vocabulary of nv.
 ReDrafterWeights random_head(int dim, int s, int blocks, int vd, int nv, uint64_t seed,
                              float scale = 0.3f) {
+  // (scale: the spread of the matrices; small scales give flat, uncertain heads.)
   ReDrafterShape sh{dim, s, blocks, vd, nv};
   std::vector<int32_t> vocab(vd);
   std::mt19937_64 rng(seed);
@@ -347,6 +349,51 @@ TEST(BeamTree, PackingMatchesABruteForcePrefixTree) {
       EXPECT_EQ(toks, std::vector<int32_t>(beams.begin() + b * len, beams.begin() + b * len + k));
     }
   }
+}
+
+TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
+  std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
+  const int dim = tiny->config().dim;
+  ReDrafterWeights w = random_head(dim, 32, 2, 30, tiny->config().n_vocab, 4, 0.1f);
+  w.target_fingerprint = tiny->fingerprint();
+  ReDrafterHead head(w, GgmlType::kF32);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  std::vector<float> h(dim);
+  for (float& x : h) x = nd(rng);
+  const std::vector<int32_t> toks = {1, 17};
+  auto draft = [&](ReDrafterProposer& p, double cost) {
+    TokenTree t;
+    t.reset(17);
+    DraftRequest req;
+    req.tokens = toks;
+    req.max_tokens = 12;
+    req.target_hidden = h;
+    req.node_cost = cost;
+    p.propose(req, &t);
+    return t;
+  };
+  // Free nodes: the whole packed tree, as without pruning.
+  ReDrafterPolicy off;
+  off.prune = false;
+  ReDrafterProposer all(head, *tiny, nullptr, BeamSearchConfig{3, 4}, off);
+  ReDrafterProposer cheap(head, *tiny, nullptr, BeamSearchConfig{3, 4});
+  const TokenTree full = draft(all, 0.08);
+  const TokenTree kept = draft(cheap, 1e-12);
+  ASSERT_GT(full.num_drafts(), 4);
+  EXPECT_EQ(std::vector<int32_t>(kept.tokens().begin(), kept.tokens().end()),
+            std::vector<int32_t>(full.tokens().begin(), full.tokens().end()));
+  // A moderate cost keeps a prefix-closed part of it, nodes whose parents are kept.
+  ReDrafterProposer mid(head, *tiny, nullptr, BeamSearchConfig{3, 4});
+  const TokenTree some = draft(mid, 0.02);
+  EXPECT_LE(some.num_drafts(), full.num_drafts());
+  for (int i = 1; i < some.size(); ++i) EXPECT_LT(some.parent(i), i);
+  // Nodes never worth it: three empty steps, a pause of 4 steps, then a probe of one node.
+  ReDrafterProposer dear(head, *tiny, nullptr, BeamSearchConfig{3, 4});
+  for (int step = 0; step < 7; ++step) EXPECT_EQ(draft(dear, 100.0).num_drafts(), 0) << step;
+  const TokenTree probe = draft(dear, 100.0);
+  EXPECT_EQ(probe.num_drafts(), 1);
+  EXPECT_EQ(probe.token(1), full.token(1));  // the best node
 }
 
 }  // namespace
