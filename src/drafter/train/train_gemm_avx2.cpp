@@ -64,7 +64,7 @@ struct Avx2Kernel {
   }
 
   static void micro(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
-                    bool load_c, int rows, int cols) {
+                    bool load_c, int rows, int cols, const float* c_next) {
     const __m256i m0 = lane_mask(cols), m1 = lane_mask(cols - 8);
     __m256 acc[kMR][2];
     for (int i = 0; i < kMR; ++i) {
@@ -74,6 +74,13 @@ struct Avx2Kernel {
       } else {
         acc[i][0] = acc[i][1] = _mm256_setzero_ps();
       }
+    }
+    // Bring the next tile of C into L1 while this one computes (its first loads would
+    // otherwise wait on L3 or memory).
+    for (int i = 0; i < kMR; ++i) {
+      const char* cn = reinterpret_cast<const char*>(c_next + i * ldc);
+      _mm_prefetch(cn, _MM_HINT_T0);
+      _mm_prefetch(cn + 63, _MM_HINT_T0);
     }
     for (int64_t p = 0; p < kc; ++p) {
       const __m256 b0 = _mm256_load_ps(bp + p * kNR);

@@ -87,7 +87,7 @@ struct Avx512Kernel {
   }
 
   static void micro(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
-                    bool load_c, int rows, int cols) {
+                    bool load_c, int rows, int cols, const float* c_next) {
     const __mmask16 m0 = first_lanes(cols), m1 = first_lanes(cols - 16),
                     m2 = first_lanes(cols - 32);
     __m512 acc[kMR][3];
@@ -100,6 +100,15 @@ struct Avx512Kernel {
       } else {
         acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();
       }
+    }
+    // Bring the next tile of C into L1 while this one computes (its first loads would
+    // otherwise wait on L3 or memory).
+    for (int i = 0; i < kMR; ++i) {
+      const char* cn = reinterpret_cast<const char*>(c_next + i * ldc);
+      _mm_prefetch(cn, _MM_HINT_T0);
+      _mm_prefetch(cn + 64, _MM_HINT_T0);
+      _mm_prefetch(cn + 128, _MM_HINT_T0);
+      _mm_prefetch(cn + 191, _MM_HINT_T0);
     }
     for (int64_t p = 0; p < kc; ++p) {
       const float* bq = bp + p * kNR;

@@ -103,8 +103,9 @@ void pack_b_panel(const MatView& b, int64_t p0, int64_t kc, int64_t j0, int cols
 
 // K: the kernel's traits - kMR, kNR, kKC, kMC (multiple of kMR), kNC (multiple of kNR),
 // optional fast packers K::pack_a / K::pack_b with the signatures above (returning false to fall
-// back), and K::micro(ap, bp, kc, c, ldc, load_c, rows, cols) computing the MR x NR tile at c
-// (rows <= MR and cols <= NR of it valid).
+// back), and K::micro(ap, bp, kc, c, ldc, load_c, rows, cols, c_next) computing the MR x NR
+// tile at c (rows <= MR and cols <= NR of it valid) and prefetching the tile at c_next, the next
+// one it will be called for (an address hint only: it may lie past the matrix).
 template <class K>
 void blocked_gemm_tile(int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t k, const MatView& a,
                        const MatView& b, float* c, int64_t ldc, bool accumulate) {
@@ -140,8 +141,11 @@ void blocked_gemm_tile(int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t k
           const int cols = static_cast<int>(std::min<int64_t>(NR, nc - jr));
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int rows = static_cast<int>(std::min<int64_t>(MR, mc - ir));
+            // The next tile of C: down this column of tiles, else the top of the next column.
+            const float* c_next = ir + MR < mc ? c + (ic + ir + MR) * ldc + jc + jr
+                                               : c + ic * ldc + jc + std::min(jr + NR, nc - 1);
             K::micro(ap + ir * kc, bp + jr * kc, kc, c + (ic + ir) * ldc + jc + jr, ldc, load_c,
-                     rows, cols);
+                     rows, cols, c_next);
           }
         }
       }
