@@ -46,8 +46,8 @@ struct SpecParams {
   int tree_depth = 0;     // draft: levels that branch
   float draft_p_min = 0;  // draft: stop when its top probability falls below this
   float draft_temp = -1;  // draft: its sampling temperature; < 0: the request's
-  int beams = 4;          // ReDrafter: beams M of the head's beam search
-  int beam_length = 4;    // ReDrafter: tokens C per beam
+  int beams = 2;          // ReDrafter: beams M of the head's beam search
+  int beam_length = 2;    // ReDrafter: tokens C per beam
   std::string medusa_tree;  // Medusa: paths of top-k ranks ("0;1;0,0"); empty: the default tree
 };
 
