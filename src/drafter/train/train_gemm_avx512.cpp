@@ -4,36 +4,15 @@
 // p in order, so the bits equal the scalar reference's.
 #include <immintrin.h>
 
+#include "backend/cpu/quant_weights_avx512.h"
 #include "drafter/train/train_gemm_blocked.h"
 
 namespace specdec {
 namespace detail {
 namespace {
 
-// 16 x 16 transpose in registers (rows a[0..15] become columns).
-inline void transpose16x16(__m512 a[16]) {
-  __m512 b[16], c[16];
-  for (int i = 0; i < 8; ++i) {
-    b[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
-    b[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    c[4 * i + 0] = _mm512_shuffle_ps(b[4 * i], b[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    c[4 * i + 1] = _mm512_shuffle_ps(b[4 * i], b[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    c[4 * i + 2] = _mm512_shuffle_ps(b[4 * i + 1], b[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    c[4 * i + 3] = _mm512_shuffle_ps(b[4 * i + 1], b[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int e = 0; e < 4; ++e) {
-    const __m512 d0 = _mm512_shuffle_f32x4(c[e], c[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 d1 = _mm512_shuffle_f32x4(c[e], c[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 f0 = _mm512_shuffle_f32x4(c[8 + e], c[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 f1 = _mm512_shuffle_f32x4(c[8 + e], c[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    a[e] = _mm512_shuffle_f32x4(d0, f0, _MM_SHUFFLE(2, 0, 2, 0));
-    a[8 + e] = _mm512_shuffle_f32x4(d0, f0, _MM_SHUFFLE(3, 1, 3, 1));
-    a[4 + e] = _mm512_shuffle_f32x4(d1, f1, _MM_SHUFFLE(2, 0, 2, 0));
-    a[12 + e] = _mm512_shuffle_f32x4(d1, f1, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
+// The 16 x 16 register transpose of the quantized kernels (rows a[0..15] become columns).
+using avx512::transpose16;
 
 inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xffff)
@@ -57,7 +36,7 @@ struct Avx512Kernel {
         v[i] = i < rows ? _mm512_maskz_loadu_ps(m, a.data + (i0 + i) * a.rs + p0 + p)
                         : _mm512_setzero_ps();
       }
-      transpose16x16(v);  // v[q] = column p + q: lanes 0..7 are rows 0..7
+      transpose16(v);  // v[q] = column p + q: lanes 0..7 are rows 0..7
       const int64_t n = std::min<int64_t>(16, kc - p);
       for (int64_t q = 0; q < n; ++q) {
         _mm256_store_ps(ap + (p + q) * kMR, _mm512_castps512_ps256(v[q]));
@@ -78,7 +57,7 @@ struct Avx512Kernel {
           v[j] = col < cols ? _mm512_maskz_loadu_ps(m, b.data + (j0 + col) * b.cs + p0 + p)
                             : _mm512_setzero_ps();
         }
-        transpose16x16(v);  // v[q] = B(p0 + p + q, j0 + 16 h .. + 16)
+        transpose16(v);  // v[q] = B(p0 + p + q, j0 + 16 h .. + 16)
         const int64_t n = std::min<int64_t>(16, kc - p);
         for (int64_t q = 0; q < n; ++q) _mm512_store_ps(bp + (p + q) * kNR + 16 * h, v[q]);
       }
