@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,10 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "drafter/distill_data.h"
+#include "drafter/medusa_weights.h"
 #include "drafter/redrafter_weights.h"
+#include "drafter/train/medusa_grad.h"
+#include "drafter/train/medusa_trainer.h"
 #include "drafter/train/redrafter_init.h"
 #include "drafter/train/redrafter_trainer.h"
 #include "model/gguf.h"
@@ -54,6 +58,7 @@ struct TrainDrafterOptions {
   int draft_vocab = 4096;
   int state_dim = 256;
   int blocks = 2;
+  int heads = 4;             // medusa
   // training
   ReDrafterTrainOptions train;
   double init_scale = 1.0;
@@ -92,10 +97,7 @@ std::string command_line() {
 std::string file_stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
 void check_options(const TrainDrafterOptions& o) {
-  if (o.kind == "medusa") {
-    throw Error("train-drafter --kind medusa: not implemented yet (only --kind redrafter)");
-  }
-  if (o.kind != "redrafter") {
+  if (o.kind != "redrafter" && o.kind != "medusa") {
     throw Error(fmt::format("--kind: unknown head kind '{}' (redrafter or medusa)", o.kind));
   }
   if (o.out.empty()) throw Error("--out: the head file to write is required");
@@ -207,36 +209,19 @@ void run_train_drafter(TrainDrafterOptions& o) {
                         o.max_prompts, o.max_new_tokens);
   const DistillDataset data = get_dataset(o, dataset_path, *model, &pool);
 
-  // The head.
   const ModelConfig& cfg = model->config();
   std::vector<int32_t> vocab = choose_draft_vocab(data, o.draft_vocab);
   if (vocab.empty()) throw Error(fmt::format("{}: the dataset has no answer tokens", dataset_path));
-  const ReDrafterShape shape{cfg.dim, o.state_dim, o.blocks, static_cast<int>(vocab.size()),
-                             cfg.n_vocab};
-  ReDrafterWeights w = make_redrafter(shape, vocab, model->fingerprint());
-  ReDrafterInitOptions init;
-  init.scale = o.init_scale;
   std::vector<float> out_rows;
   if (o.init_out == "target") out_rows = target_output_rows(*model, vocab);
-  if (o.init_out == "zero") init.out_std = 0.0;
-  init_redrafter(w, o.train.seed, init, out_rows.empty() ? nullptr : out_rows.data());
-  std::vector<int32_t> all_ids(cfg.n_vocab);
-  for (int i = 0; i < cfg.n_vocab; ++i) all_ids[i] = i;
-  std::vector<float> embedding(static_cast<size_t>(cfg.n_vocab) * cfg.dim);  // [n_vocab, dim]
-  model->embed_tokens(all_ids, embedding.data());
-
   if (o.checkpoint.empty()) o.checkpoint = o.out + ".ckpt";
   for (const std::string& file : {o.out, o.checkpoint}) {  // before hours of training, not after
     const std::filesystem::path parent = std::filesystem::path(file).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
   }
   o.train.checkpoint_path = o.checkpoint;
-  fmt::print(stderr,
-             "head: redrafter dim {} state {} blocks {} draft vocabulary {} ({:.2f}M parameters), "
-             "{} steps; {} threads\n",
-             shape.dim, shape.state_dim, shape.n_blocks, shape.n_draft_vocab,
-             shape.num_params() / 1e6, o.train.steps, pool.size());
   bool progress_shown = false;
+  const char* unit = o.kind == "medusa" ? "head" : "step";
   auto on_event = [&](const ReDrafterTrainEvent& e) {
     if (e.kind == ReDrafterTrainEvent::Kind::kProgress) {
       fmt::print(stderr,
@@ -251,28 +236,20 @@ void run_train_drafter(TrainDrafterOptions& o) {
       for (size_t k = 0; k < e.eval->n_targets.size(); ++k) {
         acc += fmt::format("{}{:.3f}", k ? " " : "", e.eval->accuracy(static_cast<int>(k)));
       }
-      fmt::print(stderr, "{}eval @ {}: loss {:.4f} per target | accuracy by step {} | greedy "
+      fmt::print(stderr, "{}eval @ {}: loss {:.4f} per target | accuracy by {} {} | greedy "
                          "accepted {:.3f}\n",
-                 progress_shown ? "\n" : "", e.step, e.eval->mean_loss(), acc,
+                 progress_shown ? "\n" : "", e.step, e.eval->mean_loss(), unit, acc,
                  e.eval->accepted_length());
       progress_shown = false;
     }
   };
-  const ReDrafterTrainReport r = train_redrafter(w, data, embedding, o.train, &pool, on_event);
-  if (progress_shown) fmt::print(stderr, "\n");
-  if (!r.finished) {
-    fmt::print(stderr, "stopped after {} of {} updates; checkpoint {} (continue with --resume)\n",
-               r.steps, r.total_steps, o.checkpoint);
-    return;
-  }
-
-  // The training facts.
-  std::string acc;
-  for (size_t k = 0; k < r.eval.n_targets.size(); ++k) {
-    acc += fmt::format("{}{:.4f}", k ? "," : "", r.eval.accuracy(static_cast<int>(k)));
-  }
-  int64_t answer_tokens = 0, in_vocab = 0;
-  {
+  // The training facts ("train.*"), the same for both kinds.
+  auto train_info = [&](const ReDrafterTrainReport& r, std::map<std::string, std::string>& info,
+                        std::string& acc) {
+    for (size_t k = 0; k < r.eval.n_targets.size(); ++k) {
+      acc += fmt::format("{}{:.4f}", k ? "," : "", r.eval.accuracy(static_cast<int>(k)));
+    }
+    int64_t answer_tokens = 0, in_vocab = 0;
     std::vector<uint8_t> in(cfg.n_vocab, 0);
     for (int32_t t : vocab) in[t] = 1;
     for (int64_t s = 0; s < data.n_seqs(); ++s) {
@@ -281,39 +258,96 @@ void run_train_drafter(TrainDrafterOptions& o) {
         in_vocab += in[data.tokens[i]];
       }
     }
+    info["train.command"] = cmdline;
+    info["train.dataset"] = std::filesystem::path(dataset_path).filename().string();
+    info["train.dataset_facts"] = data.facts;
+    info["train.sequences"] = fmt::format("{} train, {} held out", r.n_train_seqs, r.n_eval_seqs);
+    info["train.positions"] = std::to_string(r.n_train_positions);
+    info["train.positions_trained"] = std::to_string(r.positions_trained);
+    info["train.draft_vocab_coverage"] =
+        fmt::format("{:.4f}", answer_tokens ? double(in_vocab) / answer_tokens : 0.0);
+    info["train.updates"] = std::to_string(r.steps);
+    info["train.batch"] = std::to_string(o.train.batch);
+    info["train.epochs"] = std::to_string(o.train.epochs);
+    info["train.lr"] = fmt::format("{}", o.train.lr);
+    info["train.seed"] = std::to_string(o.train.seed);
+    info["train.init_out"] = o.init_out;
+    info["train.seconds"] = fmt::format("{:.1f}", r.seconds);
+    info["train.positions_per_s"] = fmt::format("{:.0f}", r.positions_per_s);
+    info["train.threads"] = std::to_string(pool.size());
+    if (r.eval.n_positions > 0) {
+      info["train.eval_positions"] = std::to_string(r.eval.n_positions);
+      info["train.eval_loss"] = fmt::format("{:.4f}", r.eval.mean_loss());
+      info["train.eval_accuracy"] = acc;
+      info["train.eval_accepted_length"] = fmt::format("{:.4f}", r.eval.accepted_length());
+    }
+  };
+  auto report_end = [&](const ReDrafterTrainReport& r, const std::string& acc) {
+    fmt::print(stderr, "wrote {} ({} updates, {} positions trained in {}, {:.0f} tok/s); ", o.out,
+               r.steps, r.positions_trained, format_duration(r.seconds), r.positions_per_s);
+    if (r.eval.n_positions > 0) {
+      fmt::print(stderr, "held-out loss {:.4f}, accuracy by {} {}, greedy accepted {:.3f}\n",
+                 r.eval.mean_loss(), unit, acc, r.eval.accepted_length());
+    } else {
+      fmt::print(stderr, "no held-out sequences (--eval-fraction 0)\n");
+    }
+  };
+
+  if (o.kind == "medusa") {
+    const MedusaShape mshape{cfg.dim, o.heads, static_cast<int>(vocab.size()), cfg.n_vocab};
+    MedusaWeights mw = make_medusa(mshape, vocab, model->fingerprint());
+    init_medusa(mw, o.train.seed, o.init_scale, o.init_out == "zero" ? 0.0 : -1.0,
+                out_rows.empty() ? nullptr : out_rows.data());
+    o.train.checkpoint_every = 0;  // not supported for Medusa yet (train_medusa refuses resume)
+    o.train.checkpoint_path.clear();
+    fmt::print(stderr,
+               "head: medusa dim {} heads {} draft vocabulary {} ({:.2f}M parameters); {} "
+               "threads\n",
+               mshape.dim, mshape.n_heads, mshape.n_draft_vocab, mshape.num_params() / 1e6,
+               pool.size());
+    const ReDrafterTrainReport r = train_medusa(mw, data, o.train, &pool, on_event);
+    if (progress_shown) fmt::print(stderr, "\n");
+    if (!r.finished) {
+      fmt::print(stderr, "stopped after {} of {} updates (--stop-after); nothing written\n",
+                 r.steps, r.total_steps);
+      return;
+    }
+    std::string acc;
+    train_info(r, mw.info, acc);
+    mw.info["train.heads"] = std::to_string(o.heads);
+    save_medusa(o.out, mw, o.dtype == "f32" ? StDtype::kF32 : StDtype::kF16);
+    report_end(r, acc);
+    return;
   }
-  w.info["train.command"] = cmdline;
-  w.info["train.dataset"] = std::filesystem::path(dataset_path).filename().string();
-  w.info["train.dataset_facts"] = data.facts;
-  w.info["train.sequences"] = fmt::format("{} train, {} held out", r.n_train_seqs, r.n_eval_seqs);
-  w.info["train.positions"] = std::to_string(r.n_train_positions);
-  w.info["train.positions_trained"] = std::to_string(r.positions_trained);
-  w.info["train.draft_vocab_coverage"] =
-      fmt::format("{:.4f}", answer_tokens ? double(in_vocab) / answer_tokens : 0.0);
+
+  const ReDrafterShape shape{cfg.dim, o.state_dim, o.blocks, static_cast<int>(vocab.size()),
+                             cfg.n_vocab};
+  ReDrafterWeights w = make_redrafter(shape, vocab, model->fingerprint());
+  ReDrafterInitOptions init;
+  init.scale = o.init_scale;
+  if (o.init_out == "zero") init.out_std = 0.0;
+  init_redrafter(w, o.train.seed, init, out_rows.empty() ? nullptr : out_rows.data());
+  std::vector<int32_t> all_ids(cfg.n_vocab);
+  for (int i = 0; i < cfg.n_vocab; ++i) all_ids[i] = i;
+  std::vector<float> embedding(static_cast<size_t>(cfg.n_vocab) * cfg.dim);  // [n_vocab, dim]
+  model->embed_tokens(all_ids, embedding.data());
+  fmt::print(stderr,
+             "head: redrafter dim {} state {} blocks {} draft vocabulary {} ({:.2f}M parameters), "
+             "{} steps; {} threads\n",
+             shape.dim, shape.state_dim, shape.n_blocks, shape.n_draft_vocab,
+             shape.num_params() / 1e6, o.train.steps, pool.size());
+  const ReDrafterTrainReport r = train_redrafter(w, data, embedding, o.train, &pool, on_event);
+  if (progress_shown) fmt::print(stderr, "\n");
+  if (!r.finished) {
+    fmt::print(stderr, "stopped after {} of {} updates; checkpoint {} (continue with --resume)\n",
+               r.steps, r.total_steps, o.checkpoint);
+    return;
+  }
+  std::string acc;
+  train_info(r, w.info, acc);
   w.info["train.steps"] = std::to_string(o.train.steps);
-  w.info["train.updates"] = std::to_string(r.steps);
-  w.info["train.batch"] = std::to_string(o.train.batch);
-  w.info["train.epochs"] = std::to_string(o.train.epochs);
-  w.info["train.lr"] = fmt::format("{}", o.train.lr);
-  w.info["train.seed"] = std::to_string(o.train.seed);
-  w.info["train.seconds"] = fmt::format("{:.1f}", r.seconds);
-  w.info["train.positions_per_s"] = fmt::format("{:.0f}", r.positions_per_s);
-  w.info["train.threads"] = std::to_string(pool.size());
-  if (r.eval.n_positions > 0) {
-    w.info["train.eval_positions"] = std::to_string(r.eval.n_positions);
-    w.info["train.eval_loss"] = fmt::format("{:.4f}", r.eval.mean_loss());
-    w.info["train.eval_accuracy"] = acc;
-    w.info["train.eval_accepted_length"] = fmt::format("{:.4f}", r.eval.accepted_length());
-  }
   save_redrafter(o.out, w, o.dtype == "f32" ? StDtype::kF32 : StDtype::kF16);
-  fmt::print(stderr, "wrote {} ({} updates, {} positions trained in {}, {:.0f} tok/s); ", o.out,
-             r.steps, r.positions_trained, format_duration(r.seconds), r.positions_per_s);
-  if (r.eval.n_positions > 0) {
-    fmt::print(stderr, "held-out loss {:.4f}, accuracy by step {}, greedy accepted {:.3f}\n",
-               r.eval.mean_loss(), acc, r.eval.accepted_length());
-  } else {
-    fmt::print(stderr, "no held-out sequences (--eval-fraction 0)\n");
-  }
+  report_end(r, acc);
 }
 
 }  // namespace
@@ -322,10 +356,13 @@ void add_train_drafter_command(CLI::App& app) {
   auto o = std::make_shared<TrainDrafterOptions>();
   o->train.checkpoint_every = 500;
   CLI::App* cmd = app.add_subcommand(
-      "train-drafter", "Train a drafter head (ReDrafter) for a model by self-distillation");
+      "train-drafter", "Train a drafter head (ReDrafter or Medusa) for a model by self-distillation");
   cmd->add_option("-m,--model", o->model,
                   "Target GGUF model (default: SmolLM2-135M-Instruct from the setup cache)");
-  cmd->add_option("--kind", o->kind, "Head kind: redrafter (medusa: not yet)")->capture_default_str();
+  cmd->add_option("--kind", o->kind, "Head kind: redrafter or medusa")
+      ->check(CLI::IsMember({"redrafter", "medusa"}))->capture_default_str();
+  cmd->add_option("--heads", o->heads, "Medusa: K heads (head k drafts the token k+1 after the root)")
+      ->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--data", o->data,
                   "Prompts, one JSON string a line (default: $SPECDEC_CACHE/prompts/"
                   "sharegpt.jsonl from scripts/fetch-prompts.sh sharegpt)");

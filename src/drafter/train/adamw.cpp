@@ -53,9 +53,19 @@ void for_chunks(ThreadPool* pool, int64_t n_chunks, F&& body) {
 
 void adamw_update(ReDrafterWeights& w, const ReDrafterWeights& g, AdamWState& state, double lr,
                   const AdamWOptions& o, ThreadPool* pool, float grad_scale) {
-  state.t += 1;
-  const double c1 = 1.0 - std::pow(o.beta1, static_cast<double>(state.t));
-  const double c2 = 1.0 - std::pow(o.beta2, static_cast<double>(state.t));
+  adamw_update_tensors(redrafter_param_tensors(w),
+                       redrafter_param_tensors(const_cast<ReDrafterWeights&>(g)),
+                       redrafter_param_tensors(state.m), redrafter_param_tensors(state.v), state.t,
+                       lr, o, pool, grad_scale);
+}
+
+void adamw_update_tensors(const std::vector<ParamTensor>& pw, const std::vector<ParamTensor>& pg,
+                          const std::vector<ParamTensor>& pm, const std::vector<ParamTensor>& pv,
+                          int64_t& t, double lr, const AdamWOptions& o, ThreadPool* pool,
+                          float grad_scale) {
+  t += 1;
+  const double c1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
+  const double c2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
   AdamWStep base;
   base.beta1 = static_cast<float>(o.beta1);
   base.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
@@ -66,15 +76,11 @@ void adamw_update(ReDrafterWeights& w, const ReDrafterWeights& g, AdamWState& st
   base.eps = static_cast<float>(o.eps);
   base.grad_scale = grad_scale;
   const float decay = static_cast<float>(lr * o.weight_decay);
-  std::vector<ParamTensor> pw = redrafter_param_tensors(w);
-  std::vector<ParamTensor> pg = redrafter_param_tensors(const_cast<ReDrafterWeights&>(g));
-  std::vector<ParamTensor> pm = redrafter_param_tensors(state.m);
-  std::vector<ParamTensor> pv = redrafter_param_tensors(state.v);
   SPECDEC_CHECK(pw.size() == pg.size() && pw.size() == pm.size() && pw.size() == pv.size(),
                 "AdamW: gradient or moments shaped unlike the weights");
-  for (size_t t = 0; t < pw.size(); ++t) {
-    SPECDEC_CHECK(pw[t].data.size() == pg[t].data.size() && pw[t].data.size() == pm[t].data.size() &&
-                      pw[t].data.size() == pv[t].data.size(),
+  for (size_t i = 0; i < pw.size(); ++i) {
+    SPECDEC_CHECK(pw[i].data.size() == pg[i].data.size() && pw[i].data.size() == pm[i].data.size() &&
+                      pw[i].data.size() == pv[i].data.size(),
                   "AdamW: tensor sizes differ");
   }
   const std::vector<Chunk> chunks = chunks_of(pw);
@@ -90,7 +96,10 @@ void adamw_update(ReDrafterWeights& w, const ReDrafterWeights& g, AdamWState& st
 }
 
 double global_grad_norm(ReDrafterWeights& g, ThreadPool* pool) {
-  const std::vector<ParamTensor> pg = redrafter_param_tensors(g);
+  return global_grad_norm_tensors(redrafter_param_tensors(g), pool);
+}
+
+double global_grad_norm_tensors(const std::vector<ParamTensor>& pg, ThreadPool* pool) {
   const std::vector<Chunk> chunks = chunks_of(pg);
   std::vector<double> partial(chunks.size(), 0.0);
   const Isa isa = active_isa();

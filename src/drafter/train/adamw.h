@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "drafter/redrafter_weights.h"
+#include "drafter/train/redrafter_params.h"
 
 namespace specdec {
 
@@ -44,6 +45,14 @@ double clip_grad_norm(ReDrafterWeights& g, double max_norm, ThreadPool* pool = n
 
 // The learning rate of update `step` (0-based) of `total`: lr_max (step + 1) / warmup during the
 // first `warmup` updates, then cosine from lr_max down to lr_min at the last update.
+// The same over parameter lists of any head (w, g and the moments m, v tensor by tensor in
+// one order, e.g. redrafter_param_tensors / medusa_param_tensors); t: the update count.
+void adamw_update_tensors(const std::vector<ParamTensor>& w, const std::vector<ParamTensor>& g,
+                          const std::vector<ParamTensor>& m, const std::vector<ParamTensor>& v,
+                          int64_t& t, double lr, const AdamWOptions& o, ThreadPool* pool,
+                          float grad_scale = 1.0f);
+double global_grad_norm_tensors(const std::vector<ParamTensor>& g, ThreadPool* pool = nullptr);
+
 double lr_at(int64_t step, int64_t total, int64_t warmup, double lr_max, double lr_min);
 
 }  // namespace specdec

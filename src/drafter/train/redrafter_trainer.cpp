@@ -119,22 +119,6 @@ void check_same_run(const std::string& path, const std::string& saved, const std
       path, diff.empty() ? " format" : diff));
 }
 
-// In place: a Fisher-Yates shuffle by rng.
-void shuffle(std::vector<int64_t>& v, Rng& rng) {
-  for (int64_t i = static_cast<int64_t>(v.size()) - 1; i > 0; --i) {
-    std::swap(v[i], v[static_cast<int64_t>(rng.next() % static_cast<uint64_t>(i + 1))]);
-  }
-}
-
-// At most `cap` positions spread evenly over `all` (deterministic).
-std::vector<int64_t> capped(const std::vector<int64_t>& all, int64_t cap) {
-  const int64_t n = static_cast<int64_t>(all.size());
-  if (cap <= 0 || n <= cap) return all;
-  std::vector<int64_t> out(cap);
-  for (int64_t i = 0; i < cap; ++i) out[i] = all[i * n / cap];
-  return out;
-}
-
 }  // namespace
 
 ReDrafterLossStats evaluate_redrafter(const ReDrafterWeights& w, const DistillDataset& data,
@@ -166,7 +150,7 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
         "train-drafter: the dataset has no training position (answers of at least two tokens "
         "are needed)");
   }
-  const std::vector<int64_t> eval_positions = capped(split.eval, o.max_eval_positions);
+  const std::vector<int64_t> eval_positions = capped_positions(split.eval, o.max_eval_positions);
   const std::vector<int32_t> draft_index = draft_index_map(w.draft_vocab, w.shape.n_target_vocab);
   const int64_t n_train = static_cast<int64_t>(split.train.size());
   const int64_t per_epoch = (n_train + o.batch - 1) / o.batch;
@@ -271,7 +255,7 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
       // On a resumed run the generator is the one saved for this epoch's start.
       epoch_rng = rng.state();
       order = split.train;
-      shuffle(order, rng);
+      shuffle_positions(order, rng);
       order_epoch = epoch;
     }
     const int64_t b0 = (step % per_epoch) * o.batch;

@@ -87,4 +87,18 @@ void make_batch(const DistillDataset& d, std::span<const int64_t> positions, int
   }
 }
 
+void shuffle_positions(std::vector<int64_t>& v, Rng& rng) {
+  for (int64_t i = static_cast<int64_t>(v.size()) - 1; i > 0; --i) {
+    std::swap(v[i], v[static_cast<int64_t>(rng.next() % static_cast<uint64_t>(i + 1))]);
+  }
+}
+
+std::vector<int64_t> capped_positions(const std::vector<int64_t>& all, int64_t cap) {
+  const int64_t n = static_cast<int64_t>(all.size());
+  if (cap <= 0 || n <= cap) return all;
+  std::vector<int64_t> out(cap);
+  for (int64_t i = 0; i < cap; ++i) out[i] = all[i * n / cap];
+  return out;
+}
+
 }  // namespace specdec

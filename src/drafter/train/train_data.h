@@ -12,6 +12,7 @@
 
 #include "drafter/distill_data.h"
 #include "drafter/train/redrafter_grad.h"
+#include "sample/rng.h"
 
 namespace specdec {
 
@@ -30,6 +31,12 @@ std::vector<int64_t> training_positions(const DistillDataset& d, std::span<const
 // Holds out round(eval_fraction * n_seqs) whole sequences (at least one when the fraction is
 // positive and there are two or more sequences), chosen by `seed` alone.
 PositionSplit split_positions(const DistillDataset& d, double eval_fraction, uint64_t seed);
+
+// In place: a Fisher-Yates shuffle by rng (the per-epoch order of the training positions).
+void shuffle_positions(std::vector<int64_t>& v, Rng& rng);
+
+// At most `cap` positions spread evenly over `all` (deterministic; cap <= 0: all).
+std::vector<int64_t> capped_positions(const std::vector<int64_t>& all, int64_t cap);
 
 // [n_target_vocab]: the draft index of each target token, -1 for tokens outside draft_vocab.
 std::vector<int32_t> draft_index_map(std::span<const int32_t> draft_vocab, int n_target_vocab);
