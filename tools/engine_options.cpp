@@ -66,6 +66,9 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   p.beam_length = o.beam_length;
   p.num_draft = length_policy.max_draft;
   p.adaptive = length_policy.adaptive;
+  // ReDrafter's tree size is fixed (M x C, pruned by the proposer); "auto" makes it weigh its
+  // nodes against the batch's pass in the engine, as adaptive n-gram requests do.
+  if (o.spec == "redrafter") p.adaptive = o.num_draft == "auto";
   p.ngram_min = o.ngram_min;
   p.ngram_max = o.ngram_max;
   p.draft_p_min = o.draft_p_min;

@@ -481,7 +481,10 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     Sequence& s = *p.seq;
     s.tree.reset(s.tokens.back());
     if (!s.decoding() || !s.speculates() || n_spec == 0) continue;
-    int64_t k = s.draft_length->next_length();
+    // ReDrafter sizes its own tree (its pruning by the node cost below); the others ask their
+    // draft-length controller.
+    int64_t k = s.request.spec.method == SpecMethod::kReDrafter ? s.request.spec.num_draft
+                                                               : s.draft_length->next_length();
     // Room: the tree's slots after the computed tokens, the tokens still allowed, the budget.
     k = std::min<int64_t>(k, s.max_context - static_cast<int64_t>(s.tokens.size()) - 1);
     k = std::min<int64_t>(k, s.request.max_tokens - s.n_generated() - 1);
