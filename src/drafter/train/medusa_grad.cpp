@@ -1,4 +1,5 @@
 // Forward and backward pass of the Medusa heads over a minibatch (see medusa_grad.h).
+#include "drafter/train/score_rows.h"
 #include "drafter/train/medusa_grad.h"
 
 #include <algorithm>
@@ -70,42 +71,8 @@ ReDrafterLossStats MedusaGradient::run(const MedusaWeights& w, const ReDrafterBa
     linear_forward(B, dim, V, x, dim, w.w_out[k].data(), dim, logits_.data() + k * B * V, V,
                    false, pool);
   }
-  const float inv_b = 1.0f / static_cast<float>(B);
-  for_rows(pool, R, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* z = logits_.data() + r * V;
-      const int32_t t = batch.targets[r];
-      row_loss_[r] = 0.0;
-      row_argmax_[r] = -1;
-      if (t < 0) {
-        if (backward) std::memset(z, 0, V * sizeof(float));
-        continue;
-      }
-      SPECDEC_CHECK(t < V, "Medusa batch: target beyond the draft vocabulary");
-      const CrossEntropyRow ce = cross_entropy_row(isa, z, V, t, backward ? inv_b : 0.0f);
-      row_loss_[r] = ce.loss;
-      row_argmax_[r] = ce.argmax;
-    }
-  });
-  for (int64_t k = 0; k < K; ++k) {
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t r = k * B + b;
-      const int32_t t = batch.targets[r];
-      if (t != kTargetPastEnd) ++stats.n_targets[k];
-      if (t < 0) continue;
-      ++stats.n_scored[k];
-      stats.loss_sum[k] += row_loss_[r];
-      if (row_argmax_[r] == t) ++stats.n_correct[k];
-    }
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t r = k * B + b;
-      if (batch.targets[r] < 0 || row_argmax_[r] != batch.targets[r]) break;
-      ++stats.accepted_sum;
-    }
-  }
-  stats.n_positions = B;
+  score_rows(isa, logits_.data(), V, batch.targets, K, B, backward, &row_loss_, &row_argmax_,
+             &stats, pool);
   if (!backward) return stats;
 
   MedusaWeights& g = *grad;
