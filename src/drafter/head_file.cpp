@@ -38,7 +38,7 @@ std::vector<int32_t> head_draft_vocab(const StFile& f, const std::string& path, 
 
 void check_head_target(const std::string& fp, int dim, int n_vocab, const Model& target,
                        const std::string& path) {
-  const std::string own = target.fingerprint();
+  const std::string& own = target.fingerprint();
   if (dim != target.config().dim || n_vocab != target.config().n_vocab || fp != own) {
     throw Error(fmt::format(
         "{}: this drafter head was trained for another model (its target: {}; this model: {}); "

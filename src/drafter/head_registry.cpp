@@ -26,7 +26,7 @@ std::vector<std::string> drafter_head_dirs() {
 }
 
 std::string find_drafter_head(const Model& target, const std::string& kind) {
-  const std::string fp = target.fingerprint();
+  const std::string& fp = target.fingerprint();
   for (const std::string& dir : drafter_head_dirs()) {
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec)) continue;

@@ -54,40 +54,41 @@ void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
   full_.reset(request.tokens.back());
   pack_beams(beams_.tokens, beams_.n, beams_.length, beams_.n * beams_.length, &full_, nullptr,
              beams_.prefix_scores, &node_scores_);
-  // Nodes by decreasing calibrated chance (a child never beats its parent: scores only fall).
+  // Each node's calibrated chance, once; nodes by decreasing chance (ties: lower index first).
   const int n = full_.size();
-  auto chance = [&](int i) {
+  chance_.resize(static_cast<size_t>(n));
+  for (int i = 1; i < n; ++i) {
     const int d = std::min(full_.depth(i), kMaxDepth);
     const double calib = pred_sum_[d] > 0.5 ? std::clamp(acc_sum_[d] / pred_sum_[d], 0.02, 2.0) : 1.0;
-    return std::exp(static_cast<double>(node_scores_[i])) * calib;
-  };
+    chance_[i] = std::exp(static_cast<double>(node_scores_[i])) * calib;
+  }
   order_.clear();
   for (int i = 1; i < n; ++i) order_.push_back(i);
-  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return chance(a) > chance(b); });
+  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return chance_[a] > chance_[b]; });
   const double cost = request.node_cost;
   double gain = 1.0;
   double spent = 1.0 + draft_cost_ * c.length / std::max(1, config_.length);
-  kept_.assign(static_cast<size_t>(n), -1);  // [full_ node] node in `tree`, -1: not kept
+  kept_.assign(static_cast<size_t>(n), -1);  // [full_ node] >= 0 once taken; -1: not taken
   kept_[0] = 0;
-  std::vector<int32_t> take;
+  take_.clear();
   for (int i : order_) {
-    if (static_cast<int>(take.size()) >= request.max_tokens) break;
-    const double p = chance(i);
-    const bool forced = probe_ && take.empty();
+    if (static_cast<int>(take_.size()) >= request.max_tokens) break;
+    const double p = chance_[i];
+    const bool forced = probe_ && take_.empty();
     if (!forced && p <= cost * gain / spent) break;
-    if (std::find(take.begin(), take.end(), full_.parent(i)) == take.end() && full_.parent(i) != 0) {
-      continue;  // only after its parent (ties of equal chance)
-    }
-    take.push_back(i);
+    // A deeper depth's calibration can lift a child above its parent: it waits for the parent.
+    if (kept_[full_.parent(i)] < 0) continue;
+    kept_[i] = 0;
+    take_.push_back(i);
     gain += p;
     spent += cost;
   }
   probe_ = false;
   int depth = 0;
-  for (int i : take) depth = std::max(depth, full_.depth(i));
+  for (int i : take_) depth = std::max(depth, full_.depth(i));
   kept_depth_[kept_depth_pos_] = depth;
   kept_depth_pos_ = (kept_depth_pos_ + 1) % kDepthWindow;
-  if (take.empty()) {
+  if (take_.empty()) {
     if (++empty_streak_ >= kEmptyBeforePause) {
       pause_left_ = pause_;
       pause_ = std::min(2 * pause_, kMaxPause);
@@ -97,10 +98,11 @@ void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
   }
   empty_streak_ = 0;
   pause_ = 4;
-  // Into `tree` in the full tree's (topological) order; the raw predictions per depth.
-  std::sort(take.begin(), take.end());
+  // Into `tree` in the full tree's (topological) order, kept_ becoming each node's place there;
+  // the raw predictions per depth.
+  std::sort(take_.begin(), take_.end());
   predicted_.fill(0.0);
-  for (int i : take) {
+  for (int i : take_) {
     kept_[i] = tree->add(kept_[full_.parent(i)], full_.token(i));
     predicted_[std::min(full_.depth(i), kMaxDepth)] += std::exp(static_cast<double>(node_scores_[i]));
   }

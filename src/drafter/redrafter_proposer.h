@@ -67,7 +67,9 @@ class ReDrafterProposer final : public Proposer {
   Beams beams_;
   TokenTree full_;                  // every beam node
   std::vector<float> node_scores_;  // [full_ nodes] prefix log-probabilities
-  std::vector<int32_t> order_, kept_;
+  std::vector<double> chance_;         // [full_ nodes] calibrated chance of acceptance
+  std::vector<int32_t> order_, take_;  // nodes by chance; those taken
+  std::vector<int32_t> kept_;          // [full_ nodes] node in the output tree, -1: not taken
   // The last tree's drafts: [depth] sum of raw p (for the calibration), and whether any.
   std::array<double, kMaxDepth + 1> predicted_{};
   bool drafted_ = false;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -105,9 +106,10 @@ class Model {
   // Throws specdec::Error for a token id out of range. Thread-safe.
   void embed_tokens(std::span<const int32_t> tokens, float* out) const;
   // A fingerprint of this model for drafter heads trained on it: architecture, vocabulary size,
-  // width and an xxh64 of the token embedding's bytes, e.g. "llama:49152:576:6f1c...". A head
+  // width and an xxh3 of the token embedding's bytes, e.g. "llama:49152:576:6f1c...". A head
   // trained for another model (or another quantization of its embedding) has another one.
-  std::string fingerprint() const;
+  // Hashed once (the first call), then kept.
+  const std::string& fingerprint() const;
 
   // For tests and experiments: the forward pass reads the config on every call, so changing it
   // (e.g. a wrong RoPE base) changes the model. Shapes must not be changed.
@@ -129,6 +131,14 @@ class Model {
   ModelConfig config_;
   TensorDumpFn dump_;
   ForwardScratch scratch_;  // of forward(KvCache&, ...)
+
+ private:
+  // What embed_tokens and fingerprint read, looked up and hashed once (beam search embeds a few
+  // rows at every step; the fingerprint hashes the whole embedding).
+  struct EmbeddingFacts;
+  const EmbeddingFacts& embedding_facts() const;
+  mutable std::once_flag embedding_once_;
+  mutable std::shared_ptr<const EmbeddingFacts> embedding_facts_;
 };
 
 }  // namespace specdec

@@ -12,24 +12,31 @@
 
 namespace specdec {
 
-namespace {
+struct Model::EmbeddingFacts {
+  WeightMatrix w;           // token_embd.weight: [n_vocab, dim]
+  std::string fingerprint;  // "arch:n_vocab:dim:xxh3 of the matrix's bytes"
+};
 
-WeightMatrix embedding_matrix(const GgufFile& file, const ModelConfig& c) {
-  const GgufTensor& t = require_matrix(file, "token_embd.weight", c.n_vocab, c.dim);
-  WeightMatrix w;
-  w.type = t.type;
-  w.data = t.data;
-  w.rows = c.n_vocab;
-  w.cols = c.dim;
-  w.row_bytes = ggml_row_bytes(t.type, c.dim);
-  return w;
+const Model::EmbeddingFacts& Model::embedding_facts() const {
+  std::call_once(embedding_once_, [this] {
+    const ModelConfig& c = config_;
+    const GgufTensor& t = require_matrix(*file_, "token_embd.weight", c.n_vocab, c.dim);
+    auto f = std::make_shared<EmbeddingFacts>();
+    f->w.type = t.type;
+    f->w.data = t.data;
+    f->w.rows = c.n_vocab;
+    f->w.cols = c.dim;
+    f->w.row_bytes = ggml_row_bytes(t.type, c.dim);
+    f->fingerprint = fmt::format("{}:{}:{}:{:016x}", c.arch, c.n_vocab, c.dim,
+                                 XXH3_64bits(t.data, t.nbytes));
+    embedding_facts_ = std::move(f);
+  });
+  return *embedding_facts_;
 }
-
-}  // namespace
 
 void Model::embed_tokens(std::span<const int32_t> tokens, float* out) const {
   const ModelConfig& c = config_;
-  const WeightMatrix w = embedding_matrix(*file_, c);
+  const WeightMatrix& w = embedding_facts().w;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.n_vocab) {
       throw Error(fmt::format("token id {} is out of range (vocabulary of {})", tokens[i], c.n_vocab));
@@ -38,11 +45,6 @@ void Model::embed_tokens(std::span<const int32_t> tokens, float* out) const {
   }
 }
 
-std::string Model::fingerprint() const {
-  const ModelConfig& c = config_;
-  const GgufTensor& t = require_matrix(*file_, "token_embd.weight", c.n_vocab, c.dim);
-  const uint64_t h = XXH3_64bits(t.data, t.nbytes);
-  return fmt::format("{}:{}:{}:{:016x}", c.arch, c.n_vocab, c.dim, h);
-}
+const std::string& Model::fingerprint() const { return embedding_facts().fingerprint; }
 
 }  // namespace specdec
