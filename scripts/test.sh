@@ -9,6 +9,13 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${SPECDEC_BUILD_DIR:-$ROOT/build}"
+# The tests compare against the shared test data (tiny models, goldens, tokenizer fixtures):
+# without it most of them would fail, none saying why, so say it once before anything else.
+SHARED_DIR="${SPECDEC_SHARED_DIR:-$ROOT/../shared}"
+if [ ! -d "$SHARED_DIR/models/tiny" ]; then
+  echo "shared test data not found at $SHARED_DIR (see README)" >&2
+  exit 1
+fi
 "$ROOT/scripts/setup.sh"
 if [ "${SPECDEC_SKIP_QWEN:-0}" != "1" ]; then
   "$ROOT/scripts/fetch-model.sh" qwen2.5-coder-0.5b >/dev/null

@@ -10,14 +10,6 @@
 
 namespace specdec::test {
 
-std::string shared_dir() {
-  if (const char* env = std::getenv("SPECDEC_SHARED_DIR"); env && *env) return env;
-  return SPECDEC_SHARED_DIR;
-}
-std::string tiny_model(const char* name) { return shared_dir() + "/models/tiny/" + name; }
-std::string golden_file(const char* name) { return shared_dir() + "/golden/" + name; }
-std::string fixture_dir() { return shared_dir() + "/tokenizer-fixtures"; }
-
 std::string cache_dir() {
   if (const char* env = std::getenv("SPECDEC_CACHE"); env && *env) return env;
   const char* home = std::getenv("HOME");
