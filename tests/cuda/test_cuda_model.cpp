@@ -17,6 +17,9 @@
 //       logits with graphs on and off, and the engine with graphs on equals solo decoding.
 //   (h) the fused kernels and stacked matrices (the default) against the separate ops
 //       (SPECDEC_CUDA_FUSE=0): the (g) script's logits, every dumped intermediate - bitwise.
+//   (i) qwen2 (Q/K/V biases, NEOX RoPE) on a random qwen2-shaped file written here: CPU vs GPU,
+//       fused == separate ops and graphs == no graphs bitwise, and the biases do change the
+//       logits (a file with zero biases is a different model).
 // Every test skips itself where no CUDA device answers.
 #include <gtest/gtest.h>
 
@@ -36,8 +39,15 @@
 
 #include "backend/cpu/thread_pool.h"
 #include "backend/cuda/cuda_ops.h"
+#include "common/gguf_writer.h"
+#include "common/random_blocks.h"
+#include "common/random_head.h"
 #include "common/solo_run.h"
 #include "common/test_paths.h"
+#include "drafter/head_registry.h"
+#include "drafter/medusa_heads.h"
+#include "drafter/redrafter_head.h"
+#include "drafter/redrafter_weights.h"
 #include "engine/generator.h"
 #include "kv/kv_cache.h"
 #include "kv/paged_kv.h"
@@ -715,7 +725,8 @@ Request make_request(std::vector<int32_t> prompt, int max_tokens, SpecMethod spe
 // Several concurrent greedy requests (prompts of 1 to 230 tokens, one sharing another's prefix)
 // with `spec`: each output == plain greedy decoding of that request alone on the GPU.
 void check_engine(Model& model, Model* draft, SpecMethod spec, int n_requests, int max_tokens,
-                  const char* name) {
+                  const char* name, const ReDrafterHead* head = nullptr,
+                  const MedusaHeads* medusa = nullptr) {
   auto tok = Tokenizer::from_gguf(model.file());
   std::mt19937 rng(11);
   const int lens[] = {1, 5, 17, 40, 64, 100, 230, 12};
@@ -727,6 +738,13 @@ void check_engine(Model& model, Model* draft, SpecMethod spec, int n_requests, i
     }
     p.resize(static_cast<size_t>(lens[i % 8]));
     reqs.push_back(make_request(std::move(p), max_tokens + (i % 3) * 8, spec));
+    if (spec == SpecMethod::kReDrafter) {  // beam shapes 1x2 .. 4x4
+      reqs.back().spec.beams = 1 + i % 4;
+      reqs.back().spec.beam_length = 2 + i % 3;
+      reqs.back().spec.num_draft = reqs.back().spec.beams * reqs.back().spec.beam_length;
+    } else if (spec == SpecMethod::kMedusa) {
+      reqs.back().spec.num_draft = 10;
+    }
   }
   if (n_requests > 6) {  // a shared prefix
     reqs[1].prompt = reqs[6].prompt;
@@ -739,6 +757,8 @@ void check_engine(Model& model, Model* draft, SpecMethod spec, int n_requests, i
   config.kv_cache_mib = 64;
   config.max_context = ctx;
   config.draft_model = draft;
+  config.drafter_head = head;
+  config.medusa_heads = medusa;
   const std::vector<EngineOut> out = run_engine(model, *tok, &pool, config, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     Request plain = reqs[i];
@@ -757,6 +777,36 @@ TEST(CudaEngine, GreedyPlainNgramDraftEqualSolo) {
   check_engine(*model, nullptr, SpecMethod::kNone, 8, 24, "stories260K none");
   check_engine(*model, nullptr, SpecMethod::kNgram, 8, 24, "stories260K ngram");
   check_engine(*model, draft.get(), SpecMethod::kDraft, 8, 24, "stories260K draft");
+}
+
+// ReDrafter and Medusa on the GPU (random heads over the model's frequent tokens, as the CPU
+// tests): the head runs on the host from the hidden rows the GPU pass returns.
+TEST(CudaEngine, ReDrafterMedusaEqualSolo) {
+  SKIP_WITHOUT_GPU();
+  auto model = load_gpu(test::tiny_model("stories260K.gguf"));
+  auto tok = Tokenizer::from_gguf(model->file());
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* t : {"Once upon a time", "Lily and Ben went to the park.", "Tom had a red ball."}) {
+    prompts.push_back(tok->encode(t, true, false));
+  }
+  const std::vector<int32_t> vocab = test::frequent_tokens(*model, prompts, 24);
+  const ReDrafterHead head(test::random_head(*model, vocab, 32, 2, 5));
+  const MedusaHeads medusa(test::random_medusa(*model, vocab, 4, 6));
+  check_engine(*model, nullptr, SpecMethod::kReDrafter, 8, 24, "stories260K redrafter", &head);
+  check_engine(*model, nullptr, SpecMethod::kMedusa, 8, 24, "stories260K medusa", nullptr,
+               &medusa);
+}
+
+// The shipped head for the default model (heads/, found by the model's fingerprint; on a lent
+// machine $SPECDEC_HEADS names the folder) drafts for SmolLM2 on the GPU, lossless.
+TEST(CudaEngine, SmolLM2ShippedReDrafterEqualsSolo) {
+  SKIP_WITHOUT_GPU();
+  if (!have_smollm2()) GTEST_SKIP() << "default model missing at " << test::default_model_path();
+  auto model = load_gpu(test::default_model_path());
+  const std::string head_path = find_drafter_head(*model, "redrafter");
+  ASSERT_FALSE(head_path.empty()) << "no ReDrafter head for the default model";
+  const ReDrafterHead head(load_redrafter(head_path));
+  check_engine(*model, nullptr, SpecMethod::kReDrafter, 4, 24, "SmolLM2 redrafter", &head);
 }
 
 TEST(CudaEngine, SmolLM2NgramEqualsSolo) {
@@ -1195,6 +1245,97 @@ TEST(CudaFusion, FusedEqualsSeparateOpsSmolLM2) {
   SKIP_WITHOUT_GPU();
   if (!have_smollm2()) GTEST_SKIP() << "default model missing at " << test::default_model_path();
   check_fused_bitwise(test::default_model_path(), "SmolLM2");
+}
+
+// ---- (i) qwen2 -----------------------------------------------------------------------------------
+
+// A random qwen2-shaped file: GQA (4 heads, 2 KV heads, head_dim 32), NEOX RoPE (base 1e6), Q8_0
+// matrices (every code value, sane scales: test::random_block), tied embeddings, f32 norms, and
+// Q/K/V biases uniform in [-bias_scale, bias_scale) (qwen2's are large: its K bias reaches tens).
+std::string write_random_qwen2(const std::string& name, float bias_scale) {
+  constexpr uint64_t kDim = 128, kHeads = 4, kKvHeads = 2, kHeadDim = 32, kFfn = 256, kLayers = 2,
+                     kVocab = 512;
+  test::GgufWriter g;
+  g.kv_str("general.architecture", "qwen2");
+  g.kv_str("general.name", "random-qwen2");
+  g.kv_u32("qwen2.embedding_length", kDim);
+  g.kv_u32("qwen2.block_count", kLayers);
+  g.kv_u32("qwen2.attention.head_count", kHeads);
+  g.kv_u32("qwen2.attention.head_count_kv", kKvHeads);
+  g.kv_u32("qwen2.feed_forward_length", kFfn);
+  g.kv_u32("qwen2.context_length", 512);
+  g.kv_u32("qwen2.vocab_size", kVocab);
+  g.kv_f32("qwen2.rope.freq_base", 1000000.0f);
+  g.kv_f32("qwen2.attention.layer_norm_rms_epsilon", 1e-6f);
+  std::mt19937 rng(2024);
+  auto q8 = [&](const std::string& t, uint64_t rows, uint64_t cols) {
+    const uint64_t blocks = rows * cols / 32;
+    std::vector<uint8_t> data(blocks * 34);
+    for (uint64_t b = 0; b < blocks; ++b) test::random_block(GgmlType::kQ8_0, rng, &data[b * 34]);
+    g.tensor(t, {cols, rows}, static_cast<uint32_t>(GgmlType::kQ8_0), data);
+  };
+  auto f32 = [&](const std::string& t, uint64_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    g.tensor_f32(t, {n}, v);
+  };
+  q8("token_embd.weight", kVocab, kDim);
+  f32("output_norm.weight", kDim, 0.9f, 1.1f);
+  for (uint64_t l = 0; l < kLayers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    f32(p + "attn_norm.weight", kDim, 0.9f, 1.1f);
+    q8(p + "attn_q.weight", kHeads * kHeadDim, kDim);
+    q8(p + "attn_k.weight", kKvHeads * kHeadDim, kDim);
+    q8(p + "attn_v.weight", kKvHeads * kHeadDim, kDim);
+    f32(p + "attn_q.bias", kHeads * kHeadDim, -bias_scale, bias_scale);
+    f32(p + "attn_k.bias", kKvHeads * kHeadDim, -bias_scale, bias_scale);
+    f32(p + "attn_v.bias", kKvHeads * kHeadDim, -bias_scale, bias_scale);
+    q8(p + "attn_output.weight", kDim, kHeads * kHeadDim);
+    f32(p + "ffn_norm.weight", kDim, 0.9f, 1.1f);
+    q8(p + "ffn_gate.weight", kFfn, kDim);
+    q8(p + "ffn_up.weight", kFfn, kDim);
+    q8(p + "ffn_down.weight", kDim, kFfn);
+  }
+  return test::write_temp_file(name, g.finish());
+}
+
+TEST(CudaQwen2, RandomFileCpuVsGpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string path = write_random_qwen2("random-qwen2.gguf", 2.0f);
+  ASSERT_TRUE(Model::load(path)->config().qkv_bias);
+  check_cpu_vs_gpu(path, 0.02f, "random qwen2");
+}
+
+TEST(CudaQwen2, BiasesChangeTheLogits) {
+  SKIP_WITHOUT_GPU();
+  // Two files with the same weights (the same random stream: the zero biases draw as many
+  // numbers), one with biases: the GPU must follow the CPU on the biased file, far from the
+  // unbiased model (a GPU that ignored the biases would land on the latter).
+  const std::string with = write_random_qwen2("random-qwen2-b.gguf", 2.0f);
+  const std::string without = write_random_qwen2("random-qwen2-z.gguf", 0.0f);
+  auto gpu = load_gpu(with);
+  auto cpu = Model::load(with);
+  auto cpu0 = Model::load(without);
+  const std::vector<int32_t> tokens = {5, 77, 300, 12, 9, 411, 23, 8};
+  KvCache a = gpu->make_kv_cache(16, KvType::kF32);
+  KvCache b = cpu->make_kv_cache(16, KvType::kF32);
+  KvCache c = cpu0->make_kv_cache(16, KvType::kF32);
+  const std::vector<float> lg = run_chain(*gpu, a, tokens);
+  const std::vector<float> lc = run_chain(*cpu, b, tokens);
+  const std::vector<float> l0 = run_chain(*cpu0, c, tokens);
+  const float d_same = max_diff(lg.data(), lc.data(), lg.size());
+  const float d_zero = max_diff(lg.data(), l0.data(), lg.size());
+  std::printf("random qwen2: max |gpu - cpu| %.3g, max |gpu - cpu without biases| %.3g\n", d_same,
+              d_zero);
+  EXPECT_GT(d_zero, 10 * d_same);
+}
+
+TEST(CudaQwen2, FusedEqualsSeparateOpsAndGraphs) {
+  SKIP_WITHOUT_GPU();
+  const std::string path = write_random_qwen2("random-qwen2-f.gguf", 2.0f);
+  check_fused_bitwise(path, "random qwen2");
+  check_graphs_bitwise(path, true, "random qwen2");
 }
 
 }  // namespace

@@ -941,6 +941,51 @@ TEST(CudaOps, PagedAttentionMatchesCpuAndIsBatchInvariant) {
   }
 }
 
+// The default (fast) kernel against the legacy one: bitwise the same results for decode,
+// verification, trees and prefill rows, up to a few thousand cached slots, both cache types.
+TEST(CudaOps, PagedAttentionFastBitwiseEqualsLegacy) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  struct Restore {
+    bool was = cuda::attention_legacy();
+    ~Restore() { cuda::set_attention_legacy(was); }
+  } restore;
+  for (const AttnCase c : {AttnCase{9, 3, 64}, AttnCase{4, 1, 128}, AttnCase{8, 4, 8},
+                           AttnCase{2, 2, 256}}) {
+    for (KvType type : {KvType::kF16, KvType::kF32}) {
+      SCOPED_TRACE(std::string(kv_type_name(type)) + " heads " + std::to_string(c.n_heads) + "/" +
+                   std::to_string(c.n_kv) + " head_dim " + std::to_string(c.hd));
+      std::mt19937 rng(static_cast<uint32_t>(c.hd * 17 + c.n_heads));
+      Pool pool = make_pool(type, c.n_kv, c.hd, 16, 420, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+      std::vector<Seq> seqs;
+      seqs.push_back(make_seq(pool, rng, 3000, 1, false, false));   // a long decode
+      seqs.push_back(make_seq(pool, rng, 2100, 11, true, false));   // a long tree
+      seqs.push_back(make_seq(pool, rng, 300, 8, false, false));    // verification
+      seqs.push_back(make_seq(pool, rng, 0, 70, false, false));     // prefill
+      seqs.push_back(make_seq(pool, rng, 0, 5, true, true));        // a blind first row
+      seqs.push_back(make_seq(pool, rng, 33, 1, false, false));
+      const int64_t row_floats = static_cast<int64_t>(c.n_heads) * c.hd;
+      std::vector<float> q_all;
+      std::vector<const Seq*> ptrs;
+      for (const Seq& s : seqs) {
+        const std::vector<float> q = random_floats(rng, s.n_new * row_floats, -2.0f, 2.0f);
+        q_all.insert(q_all.end(), q.begin(), q.end());
+        ptrs.push_back(&s);
+      }
+      cuda::set_attention_legacy(true);
+      const std::vector<float> legacy = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      cuda::set_attention_legacy(false);
+      const std::vector<float> fast = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      ASSERT_EQ(legacy.size(), fast.size());
+      const int64_t e =
+          first_bit_difference(fast.data(), legacy.data(), static_cast<int64_t>(fast.size()));
+      ASSERT_EQ(e, -1) << "first difference at row " << e / row_floats << " elem "
+                       << e % row_floats << ": fast " << fast[e] << " legacy " << legacy[e];
+      for (float x : fast) ASSERT_FALSE(std::isnan(x));
+    }
+  }
+}
+
 // ---- device ----------------------------------------------------------------------------------
 
 TEST(CudaOps, DeviceInfoAndBandwidth) {

@@ -96,6 +96,17 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
   }
 }
 
+// y: [n_rows] rows of `stride` floats; the first cols get bias added (rounded as add_kernel).
+__global__ void add_bias_rows_kernel(float* y, int64_t stride, const float* __restrict__ bias,
+                                     int64_t n_rows, int64_t cols) {
+  const int64_t total = n_rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    y[r * stride + c] = __fadd_rn(y[r * stride + c], bias[c]);
+  }
+}
+
 __device__ __forceinline__ float swiglu_one(float g, float u) {
   // g / (1 + exp(-g)) * up, each step rounded as on the CPU.
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
@@ -184,6 +195,10 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int
 // (heads = n_heads + n_kv_heads). The angle of every rotated pair comes from rope_cos_sin and
 // its values from rope_rotate, as in rope_kernel, so the bits of rope() (then kv_write()).
 __device__ __forceinline__ float to_kv(float v, float*) { return v; }
+// x + bias[i] rounded as add_bias_rows_kernel, or x without a bias.
+__device__ __forceinline__ float biased(float x, const float* bias, int64_t i) {
+  return bias != nullptr ? __fadd_rn(x, bias[i]) : x;
+}
 __device__ __forceinline__ __half to_kv(float v, __half*) { return __float2half_rn(v); }
 
 template <class T, bool kPhys>
@@ -216,15 +231,19 @@ __global__ void __launch_bounds__(128)
       const int b = neox ? i + n_pairs : 2 * i + 1;
       float r0, r1;
       if (hh < n_heads) {
-        const float* xh = src.q + t * src.q_stride + static_cast<int64_t>(hh) * head_dim;
-        rope_rotate(xh[a], xh[b], c, s, &r0, &r1);
+        const int64_t h0 = static_cast<int64_t>(hh) * head_dim;
+        const float* xh = src.q + t * src.q_stride + h0;
+        rope_rotate(biased(xh[a], src.q_bias, h0 + a), biased(xh[b], src.q_bias, h0 + b), c, s,
+                    &r0, &r1);
         float* o = q_out + t * q_dim + static_cast<int64_t>(hh) * head_dim;
         o[a] = r0;
         o[b] = r1;
       } else {
         const int kh = hh - n_heads;
-        const float* xh = src.k + t * src.k_stride + static_cast<int64_t>(kh) * head_dim;
-        rope_rotate(xh[a], xh[b], c, s, &r0, &r1);
+        const int64_t h0 = static_cast<int64_t>(kh) * head_dim;
+        const float* xh = src.k + t * src.k_stride + h0;
+        rope_rotate(biased(xh[a], src.k_bias, h0 + a), biased(xh[b], src.k_bias, h0 + b), c, s,
+                    &r0, &r1);
         T* o = k_out + kv_row * kv_dim + static_cast<int64_t>(kh) * head_dim;
         o[a] = to_kv(r0, o);
         o[b] = to_kv(r1, o);
@@ -237,17 +256,17 @@ __global__ void __launch_bounds__(128)
       const int d = rope_dim + static_cast<int>(j - static_cast<int64_t>(hh) * n_pass);
       if (hh < n_heads) {
         const int64_t at = static_cast<int64_t>(hh) * head_dim + d;
-        q_out[t * q_dim + at] = src.q[t * src.q_stride + at];
+        q_out[t * q_dim + at] = biased(src.q[t * src.q_stride + at], src.q_bias, at);
       } else {
         const int64_t at = static_cast<int64_t>(hh - n_heads) * head_dim + d;
         T* o = k_out + kv_row * kv_dim + at;
-        *o = to_kv(src.k[t * src.k_stride + at], o);
+        *o = to_kv(biased(src.k[t * src.k_stride + at], src.k_bias, at), o);
       }
       continue;
     }
     j -= n_copy;
     T* o = v_out + kv_row * kv_dim + j;
-    *o = to_kv(src.v[t * src.v_stride + j], o);
+    *o = to_kv(biased(src.v[t * src.v_stride + j], src.v_bias, j), o);
   }
 }
 
@@ -267,6 +286,14 @@ void add(float* x, const float* y, int64_t n) {
   if (n <= 0) return;
   add_kernel<<<grid_for(n, kThreads), kThreads, 0, detail::stream()>>>(x, y, n);
   CUDA_CHECK_LAUNCH("add_kernel");
+}
+
+void add_bias_rows(float* y, int64_t stride, const float* bias, int64_t n_rows, int64_t cols) {
+  if (n_rows < 0 || cols < 0 || stride < cols) throw Error("cuda::add_bias_rows: bad shape");
+  if (n_rows == 0 || cols == 0) return;
+  add_bias_rows_kernel<<<grid_for(n_rows * cols, kThreads), kThreads, 0, detail::stream()>>>(
+      y, stride, bias, n_rows, cols);
+  CUDA_CHECK_LAUNCH("add_bias_rows_kernel");
 }
 
 void swiglu(const float* gate, const float* up, int64_t n, float* out) {

@@ -118,6 +118,9 @@ void rmsnorm(const float* x, const float* weight, float eps, int64_t n_rows, int
 
 // x[i] += y[i], i < n.
 void add(float* x, const float* y, int64_t n);
+// y[r, c] += bias[c] for r < n_rows, c < cols; row r at y + r * stride (stride >= cols): the
+// Q/K/V biases on their (possibly stacked) matmul output, as the CPU's add_bias_rows.
+void add_bias_rows(float* y, int64_t stride, const float* bias, int64_t n_rows, int64_t cols);
 // out[i] = silu(gate[i]) * up[i]   (n elements; out may alias gate).
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
 // For the stacked gate|up output of one matmul: gu [n_rows, 2 * ffn] (gate then up per row),
@@ -165,12 +168,21 @@ struct DeviceAttnSeq {
 //   query i of a sequence sees slots [0, n_past) and new slot n_past + j where mask[i, j] != 0
 //   (causal: j <= i); GQA: head h reads KV head h / (n_heads / n_kv_heads). A query that sees
 //   nothing gets zeros. Each (query row, head) result is independent of the other rows
-//   (batch invariance above). max_visible bounds n_past + n_new over the sequences (for the
-//   launch's split of long contexts over thread blocks).
+//   (batch invariance above). max_visible: an upper bound of n_past + n_new over the sequences
+//   (the fast kernel keeps a row's scores in shared memory sized by it; a row beyond it gets
+//   NaN).
+// Two kernels with bitwise the same results (attention_legacy switches): the default stages each
+// chunk's V rows in shared memory and computes every score once (loads of several slots in
+// flight), the legacy one reads K twice and V slot by slot (latency-bound at long contexts).
 void paged_attention(const DeviceKvLayer& layer, const float* q, int64_t n_rows, int n_heads,
                      float scale, const DeviceAttnSeq* seqs, int64_t n_seqs,
                      const int32_t* tables, const uint8_t* masks, int64_t max_visible,
                      float* out);
+
+// A/B switch for paged_attention (default false, or true when the environment has
+// SPECDEC_CUDA_ATTN=legacy): the legacy kernel. Not for use while work is queued.
+void set_attention_legacy(bool legacy);
+bool attention_legacy();
 
 // Copies physical slot `from` to `to` in every layer of a pool (tree acceptance compaction):
 //   k, v: pool bases as in DeviceKvLayer, layer_elems = n_blocks * block_slots * row_elems.
@@ -289,7 +301,9 @@ void add_rmsnorm(float* x, const float* y, const float* weight, float eps, int64
 
 // The attention's projections as rope_qkv reads them: q [n, n_heads, head_dim] and k, v
 // [n, n_kv_heads, head_dim], each with its own row stride in floats (views into one stacked
-// matmul output [n, q_dim + 2 kv_dim], or separate buffers).
+// matmul output [n, q_dim + 2 kv_dim], or separate buffers). The biases (qwen2; null: none) are
+// added to every row before anything else, as add_bias_rows does: q_bias [n_heads * head_dim],
+// k_bias and v_bias [n_kv_heads * head_dim].
 struct QkvSource {
   const float* q = nullptr;
   int64_t q_stride = 0;
@@ -297,6 +311,9 @@ struct QkvSource {
   int64_t k_stride = 0;
   const float* v = nullptr;
   int64_t v_stride = 0;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
 };
 
 // One launch: q_out = rope(q), k_out = rope(k), v_out = v, contiguous ([n, n_heads, head_dim],

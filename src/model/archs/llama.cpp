@@ -546,17 +546,6 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
 
 std::unique_ptr<Model> Model::load(const std::string& path, Device device) {
   if (device == Device::kCpu) return load(path);
-  {
-    // The CUDA model has no Q/K/V biases yet: refuse such a file before uploading anything.
-    const std::unique_ptr<GgufFile> file = GgufFile::open(path);
-    const ModelConfig config = ModelConfig::from_gguf(*file);
-    if (config.qkv_bias || file->find_tensor("blk.0.attn_q.bias") != nullptr) {
-      throw Error(
-          fmt::format("{}: {} on CUDA is not supported yet (Q/K/V biases); run it with "
-                      "--device cpu",
-                      path, config.arch));
-    }
-  }
 #ifdef SPECDEC_CUDA
   return load_cuda_llama(path);
 #else

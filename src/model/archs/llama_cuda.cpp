@@ -221,6 +221,9 @@ struct MatrixGroup {
 struct DeviceLayer {
   const float* attn_norm = nullptr;  // [dim]
   MatrixGroup qkv;                   // Wq [q_dim, dim], Wk [kv_dim, dim], Wv [kv_dim, dim]
+  const float* bq = nullptr;         // [q_dim] biases of Q, K, V (null: none, as in llama)
+  const float* bk = nullptr;         // [kv_dim]
+  const float* bv = nullptr;         // [kv_dim]
   cuda::DeviceMatrix wo;             // [dim, q_dim]
   const float* ffn_norm = nullptr;   // [dim]
   MatrixGroup gate_up;               // Wgate [ffn_dim, dim], Wup [ffn_dim, dim]
@@ -445,6 +448,13 @@ void CudaLlamaModel::load_weights() {
     const int64_t qkv_rows[3] = {c.q_dim(), c.kv_dim(), c.kv_dim()};
     w.qkv = matrix_group({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"},
                          qkv_rows, c.dim);
+    // Q/K/V biases: required where the architecture has them, read when a file carries them
+    // (as the CPU model).
+    if (c.qkv_bias || file_->find_tensor(p + "attn_q.bias") != nullptr) {
+      w.bq = vector(p + "attn_q.bias", c.q_dim());
+      w.bk = vector(p + "attn_k.bias", c.kv_dim());
+      w.bv = vector(p + "attn_v.bias", c.kv_dim());
+    }
     w.wo = matrix(p + "attn_output.weight", c.dim, c.q_dim());
     w.ffn_norm = vector(p + "ffn_norm.weight", c.dim);
     const int64_t gu_rows[2] = {c.ffn_dim, c.ffn_dim};
@@ -653,7 +663,8 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
       const GroupView qv = group_view(w.qkv, qkv_rows, 0, n, qkv);
       const GroupView kv = group_view(w.qkv, qkv_rows, 1, n, qkv);
       const GroupView vv = group_view(w.qkv, qkv_rows, 2, n, qkv);
-      const cuda::QkvSource src{qv.data, qv.stride, kv.data, kv.stride, vv.data, vv.stride};
+      const cuda::QkvSource src{qv.data, qv.stride, kv.data, kv.stride, vv.data, vv.stride,
+                                w.bq,    w.bk,      w.bv};
       // After this step: q_r, k_r, v_r contiguous [n, q_dim] / [n, kv_dim] (k_r, v_r only when
       // `written` is false: then the K/V writes follow).
       const float* q_r = q;
@@ -665,6 +676,11 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
         q_r = qv.data;
         k_r = kv.data;
         v_r = vv.data;
+        if (w.bq != nullptr) {  // the biases before RoPE, as the CPU
+          cuda::add_bias_rows(qv.data, qv.stride, w.bq, n, q_dim);
+          cuda::add_bias_rows(kv.data, kv.stride, w.bk, n, kv_row);
+          cuda::add_bias_rows(vv.data, vv.stride, w.bv, n, kv_row);
+        }
         cuda::rope(qv.data, d_positions, n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base,
                    c.rope_freq_scale, c.rope_style);
         cuda::rope(kv.data, d_positions, n, c.n_kv_heads, c.head_dim, c.rope_dim,
@@ -680,7 +696,8 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
           const int64_t row0 = offsets[attn_seq[kk]];
           const cuda::QkvSource s{src.q + row0 * src.q_stride, src.q_stride,
                                   src.k + row0 * src.k_stride, src.k_stride,
-                                  src.v + row0 * src.v_stride, src.v_stride};
+                                  src.v + row0 * src.v_stride, src.v_stride,
+                                  src.q_bias, src.k_bias, src.v_bias};
           cuda::rope_qkv_kv_write(s, d_positions + row0, d_phys + row0, descs[kk].n_new,
                                   c.n_heads, c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
                                   c.rope_style, mems[static_cast<size_t>(attn_seq[kk])]->layer(l),
@@ -790,6 +807,7 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
         put(static_cast<int64_t>(m->type()));
       };
       put(cuda::matmul_legacy() ? 1 : 0);
+      put(cuda::attention_legacy() ? 1 : 0);
       put(n);
       put(n_out);
       put(static_cast<int64_t>(descs.size()));
