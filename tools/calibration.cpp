@@ -73,12 +73,17 @@ std::optional<Calibration> read_calibration(const std::string& path) {
   return c;
 }
 
-double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet) {
+std::string calibration_kernels(Device device) {
+  return device == Device::kCuda ? "cuda" : isa_name(active_isa());
+}
+
+double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet,
+                                    const std::string& kernels) {
   const bool explicit_file = !file.empty();
   const std::string path = explicit_file ? file : default_calibration_path();
   const std::optional<Calibration> cal = read_calibration(path);
   if (explicit_file && !cal) throw Error(fmt::format("--calibration: no file {}", path));
-  const std::string isa = isa_name(active_isa());
+  const std::string& isa = kernels;
   if (cal && (explicit_file || cal->isa == isa)) return cal->verify_token_cost;
   if (!quiet) {
     fmt::print(stderr,

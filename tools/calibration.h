@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "model/device.h"
+
 namespace specdec::cli {
 
 struct Calibration {
@@ -28,10 +30,14 @@ std::string cpu_model_name();
 
 void write_calibration(const std::string& path, const Calibration& c);
 
+// The kernels a calibration is measured with: "cuda" on the GPU, else the CPU's ISA path
+// ("avx512", "avx2", "scalar"): a GPU pass and a CPU pass cost differently.
+std::string calibration_kernels(Device device);
 // The cost model's verify_token_cost for this run: from `file` (an error if it does not exist),
-// or, with file empty, from the default file when it was measured with the kernels in use;
-// otherwise `fallback` (with a note on stderr unless quiet).
-double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet);
+// or, with file empty, from the default file when it was measured with `kernels`
+// (calibration_kernels); otherwise `fallback` (with a note on stderr unless quiet).
+double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet,
+                                    const std::string& kernels);
 // nullopt when the file does not exist; specdec::Error naming the file when it is malformed.
 std::optional<Calibration> read_calibration(const std::string& path);
 

@@ -32,7 +32,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
 }
 
 EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_type,
-                                int64_t max_context, Model* draft_model, bool quiet) {
+                                int64_t max_context, Model* draft_model, bool quiet,
+                                Device device) {
   if (o.block_size % 16 != 0) {
     throw Error(fmt::format("--block-size must be a multiple of 16, got {}", o.block_size));
   }
@@ -46,7 +47,8 @@ EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_ty
   c.max_context = max_context;
   c.kv_type = kv_type;
   c.draft_model = draft_model;
-  c.verify_token_cost = calibrated_verify_token_cost(o.calibration, c.verify_token_cost, quiet);
+  c.verify_token_cost = calibrated_verify_token_cost(o.calibration, c.verify_token_cost, quiet,
+                                                     calibration_kernels(device));
   return c;
 }
 

@@ -152,10 +152,10 @@ void serve_model(const ServeOptions& o, const std::string& path,
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file());
   std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false, device);
   const int64_t ctx = std::min<int64_t>(o.ctx_size, model->config().n_ctx_train);
-  ThreadPool pool(o.threads > 0 ? o.threads : default_threads());
+  ThreadPool pool(compute_threads(o.threads));
   const std::unique_ptr<ReDrafterHead> head = load_drafter_head(o.spec, *model, /*quiet=*/false);
   const std::unique_ptr<MedusaHeads> medusa = load_medusa_heads(o.spec, *model, /*quiet=*/false);
-  EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get());
+  EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get(), false, device);
   config.drafter_head = head.get();
   config.medusa_heads = medusa.get();
   Engine engine(*model, tok.get(), &pool, config);

@@ -8,12 +8,14 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_features.h"
 #include "common/test_paths.h"
 
 namespace specdec {
@@ -62,6 +64,34 @@ TEST(CliBench, SpecPairsOneAfterTheOther) {
 
 TEST(CliBench, SpecPairsInterleaved) {
   expect_sound(bench("interleaved", "--repeats 3 --interleave --verify-pairs 7"), true, 7);
+}
+
+// The cost model's calibration is kept per kernels: a file measured on the GPU ("cuda") is not
+// taken by the CPU's kernels (a note says so and the default is used); one measured with them is.
+TEST(CliBench, CalibrationIsUsedOnlyWithTheKernelsItMeasured) {
+  const std::string dir = std::string(SPECDEC_BINARY_DIR) + "/cli_calibration_cache";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& kernels) {
+    std::ofstream f(dir + "/calibration.json");
+    f << nlohmann::json{{"isa", kernels},    {"verify_cost_ratio", 1.1}, {"verify_token_cost", 0.0143},
+                        {"threads", 2},      {"context", 256},           {"model", "m"},
+                        {"cpu", "c"}}
+             .dump();
+  };
+  const std::string cmd = "SPECDEC_CACHE=" + dir + " " + std::string(SPECDEC_BINARY_DIR) +
+                          "/specdec generate -m " + test::tiny_model("stories260K.gguf") +
+                          " -p 'Once upon a time' -n 8 --spec ngram -t 2 2>&1";
+  int status = 0;
+  write("cuda");
+  std::string out = run_stdout(cmd, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("no calibration for the " + std::string(isa_name(active_isa())) + " kernels"),
+            std::string::npos)
+      << out;
+  write(isa_name(active_isa()));
+  out = run_stdout(cmd, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(out.find("no calibration"), std::string::npos) << out;
 }
 
 }  // namespace
