@@ -2,12 +2,14 @@
 # Runs on the lent GPU machine, in the repository root, over what scripts/cuda_device_pack.sh
 # made: unpacks it, joins the default model when both halves have arrived (the first is kept
 # in /root between calls), runs the CUDA tests and benchmarks, and writes logs under $OUT.
-# Steps can be chosen: STEPS="info ops model cli shapes" (default: all).
+# Steps can be chosen: STEPS="info ops model cli spec shapes sweep" (default: all but sweep).
+# Every log goes into $OUT/logs.tgz (a call brings back 8 files at most); stdout shows their tails
+# and, for the speculative benches, a one-line summary.
 set -uo pipefail
 ROOT="$(pwd)"
 OUT="${OUT:-/tmp/specdec-out}"
 mkdir -p "$OUT" /root/specdec-dev
-STEPS="${STEPS:-info ops model cli shapes}"
+STEPS="${STEPS:-info ops model cli spec shapes}"
 D=/root/specdec-dev
 rm -rf "$D/bin" "$D/lib" "$D/shared"
 if command -v xz > /dev/null; then
@@ -19,6 +21,10 @@ fi
 export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
 export SPECDEC_SHARED_DIR="$D/shared"
 export SPECDEC_CACHE="$D/cache"
+export SPECDEC_HEADS="$ROOT/heads"  # the shipped drafter heads (found by the model's fingerprint)
+LOGS=/tmp/specdec-logs
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
 mkdir -p "$SPECDEC_CACHE"
 for h in a b; do [ -f ".devmodel_$h/part" ] && cp ".devmodel_$h/part" "$D/model.$h"; done
 model="$SPECDEC_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,15 +36,31 @@ if [ ! -f "$model" ] && [ -f "$D/model.a" ] && [ -f "$D/model.b" ]; then
 fi
 [ -f "$model" ] && echo "[check] default model present" || echo "[check] default model absent (its tests skip)"
 B="$D/bin"
-run() {  # name, command...: runs it with a log under $OUT, prints its tail
+run() {  # name, command...: runs it with a log in $LOGS, prints its tail
   local name=$1; shift
   echo "=== $name: $*"
-  local t0=$SECONDS dir="$OUT"
-  case $name in gen_*|*_no*) dir=/tmp/specdec-logs; mkdir -p "$dir" ;; esac  # 8 files come back
-  "$@" > "$dir/$name.log" 2>&1
+  local t0=$SECONDS
+  "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc, $((SECONDS - t0)) s"
-  tail -n 25 "$dir/$name.log"
+  tail -n "${TAIL:-25}" "$LOGS/$name.log"
+}
+spec_run() {  # name, bench arguments...: a speculative bench (JSON), summarized on one line
+  local name=$1; shift
+  echo "=== $name: specdec bench $*"
+  local t0=$SECONDS
+  "$B/specdec" bench "$@" --output-format json > "$LOGS/$name.json" 2> "$LOGS/$name.log"
+  local rc=$?
+  echo "=== $name rc=$rc, $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || tail -n 5 "$LOGS/$name.log"
+  python3 - "$LOGS/$name.json" <<'PY' || true
+import json, sys
+j = json.load(open(sys.argv[1]))
+keys = ["spec", "device", "speedup", "plain_tok_s", "spec_tok_s", "tokens_per_pass",
+        "min_prompt_speedup", "identical_outputs", "prompts", "draft_time_fraction",
+        "verify_cost_ratio", "acceptance_at_position"]
+print(json.dumps({k: (round(j[k], 3) if isinstance(j.get(k), float) else j.get(k)) for k in keys}))
+PY
 }
 for step in $STEPS; do
   case $step in
@@ -56,12 +78,33 @@ for step in $STEPS; do
         run bench_smol "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
         SPECDEC_CUDA_GRAPHS=0 run bench_smol_nographs "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
         SPECDEC_CUDA_FUSE=0 run bench_smol_nofuse "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
-        run spec_grounded "$B/specdec" bench --device cuda --spec ngram --prompts bench/prompts/grounded.jsonl -n 128 --output-format json
+      fi
+      ;;
+    spec)
+      if [ -f "$model" ]; then
+        MT=.devcarry/mtbench-20.jsonl
+        run calibrate "$B/specdec" bench --device cuda --calibrate -p 256
+        spec_run ngram_grounded --device cuda --spec ngram --prompts bench/prompts/grounded.jsonl -n 128
+        spec_run rd_2x2 --device cuda --spec redrafter --chat --prompts $MT -n 128 --repeats 2 --interleave
+        spec_run rd_4x4 --device cuda --spec redrafter --beams 4 --beam-length 4 --chat --prompts $MT -n 128 --repeats 2 --interleave
+        spec_run rd_4x4_fixed --device cuda --spec redrafter --beams 4 --beam-length 4 --num-draft 16 --chat --prompts $MT -n 128 --repeats 2 --interleave
+        spec_run ngram_chat --device cuda --spec ngram --chat --prompts $MT -n 128 --repeats 2 --interleave
+        spec_run rd_2x2_cpu16 --spec redrafter --chat --prompts $MT -n 128 -t 16
       fi
       ;;
     shapes)
       run shapes "$B/bench_cuda_shapes" --all
-      run sweep "$B/bench_cuda_shapes" --sweep
+      ;;
+    sweep) run sweep "$B/bench_cuda_shapes" --sweep ;;
+    attn)  # plain decoding after a long prompt: the attention kernels (fast vs legacy), same run
+      if [ -f "$model" ]; then
+        long=$(python3 -c "print(' '.join(['The river runs through the old town, and every morning the fishermen set out.'] * 60))")
+        for mode in fast legacy fast; do
+          a=""; [ $mode = legacy ] && a=legacy
+          SPECDEC_CUDA_ATTN=$a TAIL=3 run "plain_long_$mode" "$B/specdec" generate --device cuda -n 256 --ignore-eos -p "$long"
+        done
+      fi
       ;;
   esac
 done
+tar -C "$LOGS" -czf "$OUT/logs.tgz" . && echo "[check] logs: logs.tgz ($(du -k "$OUT/logs.tgz" | cut -f1) KiB)"

@@ -4,11 +4,14 @@
 #   .devcarry/payload.tar.xz   the CUDA build's binaries (stripped), the shared libraries they
 #                              load that a CUDA image may lack, ../shared's tiny models and goldens
 #   .devmodel_a/, .devmodel_b/ the default model in two parts (one per call: the machine keeps
-#                              the first in /root between two calls made back to back)
-# Usage: scripts/cuda_device_pack.sh [build dir, default build-cuda]. Then, with the device tool:
+#                              them in /root between calls made back to back)
+# Usage: scripts/cuda_device_pack.sh [build dir, default build-cuda]. Then, with the device tool,
+# three calls back to back (a call carries 64 MiB with the working tree, ~12 MB since the shipped
+# drafter head, so the model's halves and the payload travel apart):
 #   run(command="mkdir -p /root/specdec-dev && cp .devmodel_a/part /root/specdec-dev/model.a",
-#       carry=[".devmodel_a"]) and at once
-#   run(command="bash scripts/cuda_device_check.sh", carry=[".devcarry", ".devmodel_b"]);
+#       carry=[".devmodel_a"]);
+#   run(command="cp .devmodel_b/part /root/specdec-dev/model.b", carry=[".devmodel_b"]);
+#   run(command="bash scripts/cuda_device_check.sh", carry=[".devcarry"]);
 #   the folders are git-ignored.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +32,8 @@ done | sort -u | grep -vE '/(libc|libm|ld-linux[^/]*|libdl|libpthread|librt)\.so
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 cp -r "$SHARED/models/tiny" "$stage/shared/models/"
 cp -r "$SHARED/golden" "$stage/shared/"
+# The held-out chat prompts of the speculative benches (fetched data: never committed).
+if [ -f "$CACHE/prompts/mtbench-20.jsonl" ]; then cp "$CACHE/prompts/mtbench-20.jsonl" .devcarry/; fi
 tar -C "$stage" -cf - . | xz -9e -T2 > .devcarry/payload.tar.xz  # fatbins: xz 11 MB, gzip 30
 rm -rf "$stage"
 model="$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
