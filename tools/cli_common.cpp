@@ -76,11 +76,6 @@ std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool qu
   return model;
 }
 
-int default_threads() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
-}
-
 void add_device_option(CLI::App* cmd, std::string* value) {
   cmd->add_option("--device", *value,
                   "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with "

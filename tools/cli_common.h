@@ -9,6 +9,7 @@
 #include "model/device.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "util/thread_count.h"  // compute_threads: -t N, capped at the cores
 
 namespace CLI {
 class App;
@@ -25,8 +26,6 @@ std::string resolve_model_path(const std::string& flag_value);
 // that the first token does not pay for page faults); on Device::kCuda the weights go to the GPU.
 std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool quiet,
                                                 Device device = Device::kCpu);
-
-int default_threads();
 
 // --device cpu|cuda on `cmd` into *value (default cpu).
 void add_device_option(CLI::App* cmd, std::string* value);

@@ -200,7 +200,7 @@ void run_train_drafter(TrainDrafterOptions& o) {
   const std::string cmdline = command_line();
   const std::string path = resolve_model_path(o.model);
   std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/false);
-  ThreadPool pool(o.threads > 0 ? o.threads : default_threads());
+  ThreadPool pool(compute_threads(o.threads));
   const std::string data_name = o.data.empty() ? "sharegpt" : file_stem(o.data);
   const std::string dataset_path =
       !o.dataset.empty()
