@@ -250,7 +250,7 @@ void run_bench(BenchOptions& o) {
     Calibration cal;
     cal.verify_cost_ratio = verify.ratio;
     cal.verify_token_cost = std::max(0.0, (verify.ratio - 1.0) / 7.0);
-    cal.isa = isa_name(active_isa());
+    cal.isa = calibration_kernels(device);
     cal.threads = threads;
     cal.context = verify_context;
     cal.model = path;
@@ -299,7 +299,8 @@ void run_bench(BenchOptions& o) {
     in.n_gen = o.n_gen;
     in.sampling = o.sampling;
     in.verify_token_cost =
-        calibrated_verify_token_cost(o.load.engine.calibration, in.verify_token_cost, quiet);
+        calibrated_verify_token_cost(o.load.engine.calibration, in.verify_token_cost, quiet,
+                                     calibration_kernels(device));
     in.stop_tokens = tok->eog_ids();
     in.ctx_size = ctx;
     in.kv_type = kv_type_from_option(o.kv_type);
