@@ -148,8 +148,14 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
     const ForwardResult r = model_.forward(kv_, batch, pool_);
     ++st.n_forward_passes;
 
-    // 3. Verify: accepted drafts plus the target's own token.
-    verifier_.verify(tree_, r.logits, n_vocab, history, sampler, &verdict_);
+    // 3. Verify: accepted drafts plus the target's own token. An error here (non-finite logits)
+    // leaves the cache as it was before the pass: the prompt and the tokens emitted so far.
+    try {
+      verifier_.verify(tree_, r.logits, n_vocab, history, sampler, &verdict_);
+    } catch (...) {
+      kv_.truncate(past);
+      throw;
+    }
     const int n_acc = static_cast<int>(verdict_.accepted_nodes.size());
     if (n > 1) {
       ++st.n_spec_passes;

@@ -17,6 +17,8 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "common/test_paths.h"
+#include "model/gguf.h"
+#include "model/model.h"
 
 namespace specdec {
 namespace {
@@ -92,6 +94,40 @@ TEST(CliBench, CalibrationIsUsedOnlyWithTheKernelsItMeasured) {
   out = run_stdout(cmd, &status);
   EXPECT_EQ(status, 0) << out;
   EXPECT_EQ(out.find("no calibration"), std::string::npos) << out;
+}
+
+// The roofline bench (no --spec): its figures are consistent with each other and with the model
+// (the weight bytes a token streams are the model's), the ratios are ratios of what it printed,
+// the verify cost is over the requested pairs at the requested context.
+TEST(CliBench, RooflineFiguresAreConsistent) {
+  const std::string model = test::tiny_model("stories260K.gguf");
+  const std::string cmd = std::string(SPECDEC_BINARY_DIR) + "/specdec bench -m " + model +
+                          " -p 64 -n 16 -t 2 --verify-pairs 6 --output-format json";
+  int status = 0;
+  const nlohmann::json j = nlohmann::json::parse(run_stdout(cmd, &status));
+  ASSERT_EQ(status, 0) << cmd;
+  EXPECT_EQ(j.at("model").get<std::string>(), model);
+  EXPECT_EQ(j.at("device").get<std::string>(), "cpu");
+  EXPECT_EQ(j.at("isa").get<std::string>(), isa_name(active_isa()));
+  EXPECT_EQ(j.at("threads").get<int>(), 2);
+  EXPECT_EQ(j.at("n_prompt").get<int>(), 64);
+  EXPECT_EQ(j.at("n_gen").get<int>(), 16);
+  EXPECT_EQ(j.at("verify_context").get<int>(), 64);
+  EXPECT_EQ(j.at("verify_pairs").get<int>(), 6);
+  EXPECT_EQ(j.at("weight_bytes_per_token").get<double>(),
+            static_cast<double>(Model::load(model)->weight_bytes()));
+  const double tok_s = j.at("decode_tok_s").get<double>();
+  const double gbs = j.at("decode_gbs").get<double>();
+  EXPECT_GT(tok_s, 0.0);
+  EXPECT_NEAR(gbs, j.at("weight_bytes_per_token").get<double>() * tok_s / 1e9, 1e-9 * gbs);
+  EXPECT_GT(j.at("measured_bandwidth_gbs").get<double>(), 0.0);
+  EXPECT_NEAR(j.at("bandwidth_utilization").get<double>(),
+              gbs / j.at("measured_bandwidth_gbs").get<double>(), 1e-9);
+  EXPECT_NEAR(j.at("flop_utilization").get<double>(),
+              j.at("prefill_gflops").get<double>() / j.at("measured_peak_gflops").get<double>(),
+              1e-9);
+  EXPECT_GT(j.at("verify_cost_ratio").get<double>(), 0.0);
+  EXPECT_GT(j.at("verify_cost_ratio_best").get<double>(), 0.0);
 }
 
 }  // namespace

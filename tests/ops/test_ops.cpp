@@ -7,7 +7,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,12 +53,41 @@ std::vector<float> random_vector(std::mt19937& gen, int64_t n, float lo, float h
   return v;
 }
 
-TEST(Ops, ReportsVariants) {
+// The variants under test are those the CPU has: the run-time detection agrees with the kernel's
+// own report of the CPU's features (/proc/cpuinfo's flags), and the active variant is one of them
+// (SPECDEC_ISA, when set, picks it).
+TEST(Ops, ReportsVariantsTheCpuHas) {
   std::string names;
   for (Isa isa : supported_variants()) names += std::string(isa_name(isa)) + " ";
   RecordProperty("variants", names);
   std::printf("variants under test: %s(active: %s)\n", names.c_str(), isa_name(active_isa()));
   EXPECT_TRUE(isa_supported(Isa::kScalar));
+  EXPECT_TRUE(isa_supported(active_isa()));
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      flags = " " + line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  }
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags to compare with";
+  auto has = [&](const char* f) { return flags.find(" " + std::string(f) + " ") != std::string::npos; };
+  const bool avx2 = has("avx2") && has("fma") && has("f16c");
+  const bool avx512 = has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq") &&
+                      has("avx512_vnni");
+  EXPECT_EQ(isa_supported(Isa::kAvx2), avx2) << flags;
+  EXPECT_EQ(isa_supported(Isa::kAvx512), avx512) << flags;
+  const char* forced = std::getenv("SPECDEC_ISA");
+  bool forced_supported = false;
+  for (Isa isa : supported_variants()) {
+    forced_supported |= forced != nullptr && std::string(forced) == isa_name(isa);
+  }
+  if (forced_supported) {
+    EXPECT_STREQ(isa_name(active_isa()), forced);
+  } else {
+    EXPECT_EQ(active_isa(), avx512 ? Isa::kAvx512 : avx2 ? Isa::kAvx2 : Isa::kScalar);
+  }
 }
 
 // --- rmsnorm -----------------------------------------------------------------------------------

@@ -91,18 +91,31 @@ TEST(ThreadPool, NestedCallsRunInline) {
   for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << i;
 }
 
-TEST(ThreadPool, ConcurrentCallersBothComplete) {
+// Two threads calling the same pool at once: every call of each covers its range exactly once
+// (no range lost to or run twice for the other caller) and returns only when its work is done.
+TEST(ThreadPool, ConcurrentCallersEachGetTheirWorkDoneOnce) {
   ThreadPool pool(2);
-  std::atomic<int64_t> sum{0};
-  auto caller = [&] {
+  auto caller = [&](std::vector<int>* bad_calls) {
+    std::vector<std::atomic<int>> hits(100);
     for (int j = 0; j < 2000; ++j) {
-      pool.parallel_for(100, 1, [&](int64_t b, int64_t e) { sum.fetch_add(e - b); });
+      for (auto& h : hits) h.store(0);
+      pool.parallel_for(100, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (const auto& h : hits) {
+        if (h.load() != 1) {  // read after the call returned: all of it must be done
+          bad_calls->push_back(j);
+          break;
+        }
+      }
     }
   };
-  std::thread a(caller), b(caller);
+  std::vector<int> bad_a, bad_b;
+  std::thread a(caller, &bad_a), b(caller, &bad_b);
   a.join();
   b.join();
-  EXPECT_EQ(sum.load(), 2 * 2000 * 100);
+  EXPECT_TRUE(bad_a.empty()) << bad_a.size() << " calls of caller a, first " << bad_a.front();
+  EXPECT_TRUE(bad_b.empty()) << bad_b.size() << " calls of caller b, first " << bad_b.front();
 }
 
 TEST(ThreadPool, WorkersWakeAfterSleeping) {

@@ -5,7 +5,6 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <random>
 #include <sstream>
 
@@ -377,24 +376,8 @@ TEST_F(SmolLM2Test, RoundTripsArbitraryText) {
   }
 }
 
-// A 512-token prompt must encode in well under 10 ms.
-TEST_F(SmolLM2Test, EncodingSpeed) {
-  const std::string paragraph = read_file(test::shared_dir() + "/text/plain-english.txt");
-  ASSERT_FALSE(paragraph.empty());
-  std::string text;
-  while (tok_->encode(text, false, false).size() < 512) text += paragraph;
-  double best_ms = 1e9;
-  size_t n_tokens = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
-    n_tokens = tok_->encode(text, false, false).size();
-    const auto stop = std::chrono::steady_clock::now();
-    best_ms = std::min(best_ms, std::chrono::duration<double, std::milli>(stop - start).count());
-  }
-  std::printf("[ info ] encoded %zu tokens (%zu bytes) in %.3f ms\n", n_tokens, text.size(),
-              best_ms);
-  EXPECT_LT(best_ms, 10.0 * static_cast<double>(n_tokens) / 512.0);
-}
+// The encoding speed is measured by bench/micro/bench_tokenizer.cpp (a wall-clock bound in a test
+// could fail on a busy machine).
 
 // Qwen2.5-Coder (scripts/fetch-model.sh qwen2.5-coder-0.5b): byte-level BPE with the qwen2
 // pre-tokenizer (digits one by one, case-insensitive contractions), a 151,936-token vocabulary,
