@@ -7,7 +7,8 @@
 #      (default ~/.cache/specdec), checksum verified.
 #   3. The Python packages of the server tests (tests/server): pytest and the official openai
 #      client, via pip, only when they are not importable yet.
-#   4. cmake configure + build into build/ (SPECDEC_BUILD_DIR to change).
+#   4. cmake configure + build into build/ (SPECDEC_BUILD_DIR to change; SPECDEC_SETUP_NO_BUILD=1
+#      skips it).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,6 +76,10 @@ else
 fi
 
 # --- 4. Build --------------------------------------------------------------------------------
+# scripts/sanitize.sh needs steps 1-3 only: it builds into folders of its own.
+if [ "${SPECDEC_SETUP_NO_BUILD:-0}" = "1" ]; then
+  exit 0
+fi
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi

@@ -6,6 +6,8 @@
 # qwen2 golden and tokenizer tests) is fetched first with scripts/fetch-model.sh (once: a second
 # run downloads nothing); SPECDEC_SKIP_QWEN=1 skips the fetch (those tests then skip).
 # The exit status is non-zero when either part failed.
+# scripts/test.sh --sanitize instead runs the suite under ASan+UBSan and the threaded tests under
+# TSan, each in its own build folder (scripts/sanitize.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${SPECDEC_BUILD_DIR:-$ROOT/build}"
@@ -15,6 +17,10 @@ SHARED_DIR="${SPECDEC_SHARED_DIR:-$ROOT/../shared}"
 if [ ! -d "$SHARED_DIR/models/tiny" ]; then
   echo "shared test data not found at $SHARED_DIR (see README)" >&2
   exit 1
+fi
+if [ "${1:-}" = "--sanitize" ]; then
+  shift
+  exec "$ROOT/scripts/sanitize.sh" "$@"
 fi
 "$ROOT/scripts/setup.sh"
 if [ "${SPECDEC_SKIP_QWEN:-0}" != "1" ]; then

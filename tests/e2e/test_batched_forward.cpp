@@ -147,7 +147,9 @@ std::vector<float> snapshot(const PagedKvStorage& kv) {
 }
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // memcmp's pointers must not be null even for 0 bytes (an empty span's may be).
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Index of the first element whose bits differ, or -1.

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The sanitizer runs (scripts/test.sh --sanitize runs this after its shared-data check):
+#   1. ASan + UBSan (build-asan, -DSPECDEC_SANITIZE=address): the whole ctest suite; a leak, an
+#      out-of-bounds access or undefined behaviour fails the test it happens in.
+#   2. TSan (build-tsan, -DSPECDEC_SANITIZE=thread): the tests labelled *_threads in
+#      CMakeLists.txt (thread pool, parallel kernels, engine submit/cancel), `ctest -L threads`,
+#      but those on SmolLM2 (the same code as the tiny models', too slow under TSan).
+# Each build lives in its own folder (SPECDEC_ASAN_DIR, SPECDEC_TSAN_DIR), so the normal build/
+# is never touched and a second run rebuilds only what changed. Extra arguments go to both ctest
+# runs. Tests built with a sanitizer see SPECDEC_SANITIZER_BUILD and give their slowest cases
+# smaller inputs (tests/common/sanitizer.h). The exit status is non-zero when any part failed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ASAN_DIR="${SPECDEC_ASAN_DIR:-$ROOT/build-asan}"
+TSAN_DIR="${SPECDEC_TSAN_DIR:-$ROOT/build-tsan}"
+JOBS="$(nproc)"
+log() { echo "[sanitize] $*" >&2; }
+
+SPECDEC_SETUP_NO_BUILD=1 "$ROOT/scripts/setup.sh"
+
+configure() {  # dir, sanitizer
+  if [ ! -f "$1/CMakeCache.txt" ]; then
+    cmake -S "$ROOT" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECDEC_SANITIZE="$2" >/dev/null
+  fi
+}
+
+status=0
+t0=$SECONDS
+log "ASan+UBSan: building in $ASAN_DIR"
+configure "$ASAN_DIR" address
+cmake --build "$ASAN_DIR" -j"$JOBS"
+log "ASan+UBSan: the whole suite"
+(cd "$ASAN_DIR" &&
+  ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:check_initialization_order=1" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+  ctest --output-on-failure -j"$JOBS" "$@") || status=1
+log "ASan+UBSan: $((SECONDS - t0)) s"
+
+t1=$SECONDS
+log "TSan: building the threaded tests in $TSAN_DIR"
+configure "$TSAN_DIR" thread
+cmake --build "$TSAN_DIR" -j"$JOBS" --target specdec_threaded_tests
+# The tests on SmolLM2 (named so, and PrefixReuse1000Tokens) run the same threaded code as the
+# tiny models' with 500x larger matrices, which TSan makes 50x slower (minutes each): they are
+# left to the ASan run, named here.
+log "TSan: ctest -L threads, except the SmolLM2 tests (in the ASan run)"
+(cd "$TSAN_DIR" &&
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+  ctest --output-on-failure -j"$JOBS" -L threads -E "SmolLM2|PrefixReuse1000Tokens" "$@") || status=1
+log "TSan: $((SECONDS - t1)) s"
+
+exit "$status"
