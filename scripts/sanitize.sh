@@ -5,6 +5,8 @@
 #   2. TSan (build-tsan, -DSPECDEC_SANITIZE=thread): the tests labelled *_threads in
 #      CMakeLists.txt (thread pool, parallel kernels, engine submit/cancel), `ctest -L threads`,
 #      but those on SmolLM2 (the same code as the tiny models', too slow under TSan).
+#   3. The libFuzzer targets, 60 s each (scripts/fuzz.sh; SPECDEC_FUZZ_SECONDS to change,
+#      SPECDEC_SKIP_FUZZ=1 to skip).
 # Each build lives in its own folder (SPECDEC_ASAN_DIR, SPECDEC_TSAN_DIR), so the normal build/
 # is never touched and a second run rebuilds only what changed. Extra arguments go to both ctest
 # runs. Tests built with a sanitizer see SPECDEC_SANITIZER_BUILD and give their slowest cases
@@ -48,5 +50,11 @@ log "TSan: ctest -L threads, except the SmolLM2 tests (in the ASan run)"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
   ctest --output-on-failure -j"$JOBS" -L threads -E "SmolLM2|PrefixReuse1000Tokens" "$@") || status=1
 log "TSan: $((SECONDS - t1)) s"
+
+if [ "${SPECDEC_SKIP_FUZZ:-0}" != "1" ]; then
+  t2=$SECONDS
+  "$ROOT/scripts/fuzz.sh" || status=1
+  log "fuzzing: $((SECONDS - t2)) s"
+fi
 
 exit "$status"

@@ -341,7 +341,14 @@ void GgufFile::parse() {
       c.fail(fmt::format("tensor '{}' of type {} has row length {}, not a multiple of {}",
                          info.name, traits->name, info.ne[0], traits->block_size));
     }
-    info.nbytes = static_cast<uint64_t>(n_elem / traits->block_size * traits->block_bytes);
+    // The element count is at most 2^62, but its size in bytes can exceed int64 (2^62 float32
+    // values are 2^64 bytes): reject it before multiplying (the fuzzer found the overflow).
+    const int64_t n_blocks = n_elem / traits->block_size;
+    if (n_blocks > std::numeric_limits<int64_t>::max() / traits->block_bytes) {
+      c.fail(fmt::format("tensor '{}' of {} elements of type {} is too large", info.name, n_elem,
+                         traits->name));
+    }
+    info.nbytes = static_cast<uint64_t>(n_blocks * traits->block_bytes);
     info.offset = c.read<uint64_t>("tensor offset");
     if (info.offset % alignment_ != 0) {
       c.fail(fmt::format("tensor '{}' offset {} is not aligned to {}", info.name, info.offset,

@@ -176,6 +176,13 @@ TEST(Gguf, BadTensorInfo) {
     expect_open_error(write_temp_file("bigdim.gguf", w.finish()), {"'big'", "too large"});
   }
   {
+    // 2^62 float32 elements pass the element-count bound but are 2^64 bytes: the byte count
+    // must be refused, not wrapped to 0 (found by fuzz_gguf; fuzz/corpus/gguf/huge-tensor).
+    GgufWriter w;
+    w.tensor("wide", {1ull << 31, 1ull << 31}, 0, std::vector<uint8_t>(4));
+    expect_open_error(write_temp_file("bigbytes.gguf", w.finish()), {"'wide'", "too large"});
+  }
+  {
     GgufWriter w;
     w.tensor_f32("dup", {8}, std::vector<float>(8));
     w.tensor_f32("dup", {8}, std::vector<float>(8));
