@@ -17,17 +17,9 @@ TARGETS=("$@")
 log() { echo "[fuzz] $*" >&2; }
 
 # clang and its runtime libraries (libFuzzer, ASan, UBSan) from Debian, when missing.
-missing=()
-for p in clang libclang-rt-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  log "installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# shellcheck source=scripts/debian-packages.sh
+source "$ROOT/scripts/debian-packages.sh"
+ensure_debian_packages clang libclang-rt-dev || true
 
 if [ ! -f "$FUZZ_DIR/CMakeCache.txt" ]; then
   cmake -S "$ROOT" -B "$FUZZ_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -25,19 +25,9 @@ log() { echo "[setup] $*" >&2; }
 PACKAGES=(build-essential cmake ninja-build pkg-config python3 python3-pip unzip
           libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
           libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  log "installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-else
-  log "Debian packages present"
-fi
+# shellcheck source=scripts/debian-packages.sh
+source "$ROOT/scripts/debian-packages.sh"
+ensure_debian_packages "${PACKAGES[@]}" || log "Debian packages present"
 
 # --- 2. The default model ------------------------------------------------------------------
 mkdir -p "$CACHE"
