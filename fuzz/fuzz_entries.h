@@ -25,6 +25,17 @@ void gguf_one(const uint8_t* data, size_t size);
 // rest as text, or decode it as token ids (whole and through the incremental detokenizer).
 void tokenizer_one(const uint8_t* data, size_t size);
 
+// The bytes up to the first NUL as a model's Jinja chat template (detected, its details read),
+// the rest as messages (records separated by 0x01, each "role 0x02 content"), rendered with and
+// without the generation prompt: an unknown template or a conversation the template refuses is
+// an Error; a ChatML rendering holds every message's content as given.
+void chat_template_one(const uint8_t* data, size_t size);
+
+// The bytes as an HTTP request body of the server's completions and chat routes: JSON parsing
+// and request checking answer with an error value, never an exception, and what they accept is
+// within the documented bounds (choices, prompts, stop strings and ids, logprobs).
+void request_one(const uint8_t* data, size_t size);
+
 // Where tokenizer_one finds its models: $SPECDEC_SHARED_DIR or the configured shared/, and
 // $SPECDEC_CACHE or ~/.cache/specdec.
 std::string fuzz_shared_dir();

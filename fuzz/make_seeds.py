@@ -131,8 +131,40 @@ def tokenizer_seeds():
     }
 
 
+def chat_template_seeds():
+    msg = lambda role, content: role.encode() + b"\x02" + content.encode()
+    conv = b"\x01".join([msg("system", "Be brief."), msg("user", "Hi"), msg("assistant", "Hello"),
+                          msg("user", "What is 2+2?")])
+    smollm = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+              "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+              "Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+              "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}")
+    return {
+        "chatml-smollm2": smollm.encode() + b"\x00" + conv,
+        "chatml-empty-template": b"\x00" + conv,
+        "llama3": b"<|start_header_id|>{{ bos_token }}\x00" + conv,
+        "llama2-alternating": b"[INST] <<SYS>>\x00" + b"\x01".join([msg("user", "a"), msg("assistant", "b")]),
+        "gemma-system": b"<start_of_turn>\x00" + conv,
+        "phi3": b"<|user|> <|end|>\x00" + msg("user", "x"),
+        "unknown": b"{{ something else }}\x00" + msg("user", "x"),
+    }
+
+
+def request_seeds():
+    return {
+        "completion": b'{"model": "m", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.7, "seed": 3, "stop": ["\\n"], "logprobs": 2}',
+        "completion-ids": b'{"prompt": [[1, 2, 3], [4]], "n": 2, "stream": true, "stream_options": {"include_usage": true}}',
+        "chat": b'{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "max_completion_tokens": 8, "logprobs": true, "top_logprobs": 3, "stop_token_ids": [2]}',
+        "bad-types": b'{"prompt": 5, "n": "two", "max_tokens": -1, "temperature": "hot"}',
+        "deep": b"[" * 100 + b"]" * 100,
+        "invalid-utf8": b'{"prompt": "\xff\xfe"}',
+        "not-json": b"prompt=hello",
+    }
+
+
 def main():
-    for target, seeds in (("gguf", gguf_seeds()), ("tokenizer", tokenizer_seeds())):
+    for target, seeds in (("gguf", gguf_seeds()), ("tokenizer", tokenizer_seeds()),
+                          ("chat_template", chat_template_seeds()), ("request", request_seeds())):
         d = ROOT / target
         d.mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():

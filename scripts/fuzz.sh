@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (clang, -DSPECDEC_FUZZ=ON) in build-fuzz and runs each for a
 # bounded time, starting from its seed corpus in fuzz/corpus/<target>/. scripts/sanitize.sh runs
 # it (so scripts/test.sh --sanitize and CI do).
-#   scripts/fuzz.sh [TARGET...]         default: every target (gguf tokenizer)
+#   scripts/fuzz.sh [TARGET...]         default: every target (gguf tokenizer chat_template request)
 #   SPECDEC_FUZZ_SECONDS=600 scripts/fuzz.sh gguf    longer runs by hand
 # What a run discovers stays in build-fuzz/corpus-<target>/ (the repository's corpus is only
 # read). A finding stops its run, is saved as build-fuzz/findings/<target>/crash-*, and makes
@@ -13,7 +13,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FUZZ_DIR="${SPECDEC_FUZZ_DIR:-$ROOT/build-fuzz}"
 SECONDS_EACH="${SPECDEC_FUZZ_SECONDS:-60}"
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(gguf tokenizer)
+((${#TARGETS[@]})) || TARGETS=(gguf tokenizer chat_template request)
 log() { echo "[fuzz] $*" >&2; }
 
 # clang and its runtime libraries (libFuzzer, ASan, UBSan) from Debian, when missing.

@@ -308,6 +308,8 @@ std::optional<ApiError> parse_json_body(const std::string& text, json* out) {
     });
   } catch (const json::parse_error& e) {
     return invalid_request(std::string("malformed JSON body: ") + e.what(), {}, "invalid_json");
+  } catch (const json::exception& e) {  // e.g. a number too large for a double (out_of_range)
+    return invalid_request(std::string("malformed JSON body: ") + e.what(), {}, "invalid_json");
   } catch (const TooDeep&) {
     return invalid_request(
         fmt::format("the JSON body is nested deeper than {} levels", kMaxJsonDepth), {},

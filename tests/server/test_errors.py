@@ -34,6 +34,9 @@ CASES = {
     "nested too deep": (COMPL, b"[" * 100000 + b"]" * 100000, 400, None, "invalid_json"),
     "invalid utf-8": (COMPL, b'{"prompt": "\xff\xfe bad"}', 400, None, "invalid_json"),
     "lone surrogate": (COMPL, b'{"prompt": "\\ud800"}', 400, None, "invalid_json"),
+    # found by fuzz_request: nlohmann's parser throws out_of_range, not parse_error, here
+    "number beyond a double": (COMPL, b'{"prompt": "x", "max_tokens": 1e999}', 400, None,
+                               "invalid_json"),
     "chat invalid utf-8": (CHAT, b'{"messages": [{"role": "user", "content": "\xc3"}]}', 400,
                            None, "invalid_json"),
     "max_tokens type": (COMPL, {"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens", None),

@@ -43,5 +43,9 @@ TEST(FuzzCorpus, Tokenizer) {
   replay("tokenizer", fuzz::tokenizer_one);
 }
 
+TEST(FuzzCorpus, ChatTemplate) { replay("chat_template", fuzz::chat_template_one); }
+
+TEST(FuzzCorpus, Request) { replay("request", fuzz::request_one); }
+
 }  // namespace
 }  // namespace specdec

@@ -1,0 +1,7 @@
+// libFuzzer target: the request parser (fuzz_entries.h).
+#include "fuzz/fuzz_entries.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  specdec::fuzz::request_one(data, size);
+  return 0;
+}
