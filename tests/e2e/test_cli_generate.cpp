@@ -7,14 +7,13 @@
 //     model, never the clock), while another seed gives another text (the check can fail).
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/busy_threads.h"
 #include "common/test_paths.h"
 
 namespace specdec {
@@ -57,32 +56,11 @@ TEST(CliGenerate, GreedyEqualsGoldenPlainAndSpeculative) {
   }
 }
 
-// Keeps `n` threads spinning while alive (another process's load, as far as timing goes).
-class BusyThreads {
- public:
-  explicit BusyThreads(int n) {
-    for (int i = 0; i < n; ++i) {
-      threads_.emplace_back([this] {
-        volatile uint64_t x = 0;
-        while (!stop_.load(std::memory_order_relaxed)) x = x + 1;
-      });
-    }
-  }
-  ~BusyThreads() {
-    stop_ = true;
-    for (std::thread& t : threads_) t.join();
-  }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::vector<std::thread> threads_;
-};
-
 void check_replay(const std::string& base, const std::vector<int>& seeds) {
   std::vector<std::string> quiet;
   for (int seed : seeds) quiet.push_back(generate(base + " --seed " + std::to_string(seed)));
   {
-    BusyThreads busy(2);  // both cores of the CI machine taken
+    test::BusyThreads busy(2);  // both cores of the CI machine taken
     for (size_t i = 0; i < seeds.size(); ++i) {
       EXPECT_EQ(generate(base + " --seed " + std::to_string(seeds[i])), quiet[i])
           << "seed " << seeds[i] << " under load: " << base;

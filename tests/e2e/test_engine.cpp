@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
+#include "common/busy_threads.h"
 #include "common/solo_run.h"
 #include "common/test_paths.h"
 #include "engine/generator.h"
@@ -476,17 +477,11 @@ TEST_F(EngineTest, SameSeedSameOutputUnderLoad) {
     return tokens;
   };
   const auto quiet = run();
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> burners;
-  for (int t = 0; t < 2; ++t) {
-    burners.emplace_back([&stop] {
-      volatile double x = 1.0;
-      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
-    });
+  std::vector<std::vector<int32_t>> busy;
+  {
+    test::BusyThreads burners(2);
+    busy = run();
   }
-  const auto busy = run();
-  stop = true;
-  for (std::thread& b : burners) b.join();
   EXPECT_EQ(quiet, busy);
 }
 
