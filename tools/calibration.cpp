@@ -83,13 +83,12 @@ double calibrated_verify_token_cost(const std::string& file, double fallback, bo
   const std::string path = explicit_file ? file : default_calibration_path();
   const std::optional<Calibration> cal = read_calibration(path);
   if (explicit_file && !cal) throw Error(fmt::format("--calibration: no file {}", path));
-  const std::string& isa = kernels;
-  if (cal && (explicit_file || cal->isa == isa)) return cal->verify_token_cost;
+  if (cal && (explicit_file || cal->isa == kernels)) return cal->verify_token_cost;
   if (!quiet) {
     fmt::print(stderr,
                "note: no calibration for the {} kernels ({}); the cost model uses its default "
                "(verify_token_cost {:.3f}); run `specdec bench --calibrate` once\n",
-               isa, path, fallback);
+               kernels, path, fallback);
   }
   return fallback;
 }
