@@ -124,6 +124,44 @@ __device__ int64_t find_seq(const DeviceAttnSeq* seqs, int64_t n_seqs, int64_t r
   return -1;
 }
 
+// One query row's view of its sequence's paged K/V (both kernels): which slots it sees and where
+// (slot, KV head) lies in the layer's K or V.
+template <KvType K>
+struct AttnRow {
+  int64_t n_past;
+  int64_t i;              // query index within the sequence
+  const int32_t* table;   // the sequence's block table
+  const uint8_t* mrow;    // its mask row [n_new], or null (causal)
+  int64_t n_slots;        // candidate slots: a causal row sees nothing past its own slot
+  int64_t block_slots;
+  int64_t head_offset;    // elements from a slot's start to the row's KV head
+  int64_t row_stride;     // elements per slot
+
+  __device__ AttnRow(const DeviceAttnSeq& seq, int64_t row, const int32_t* tables,
+                     const uint8_t* masks, int64_t block_slots_, int kvh, int n_kv_heads,
+                     int head_dim)
+      : n_past(seq.n_past),
+        i(row - seq.row0),
+        table(tables + seq.table),
+        mrow(seq.mask >= 0 ? masks + seq.mask + (row - seq.row0) * seq.n_new : nullptr),
+        n_slots(seq.n_past + (seq.mask >= 0 ? seq.n_new : row - seq.row0 + 1)),
+        block_slots(block_slots_),
+        head_offset(static_cast<int64_t>(kvh) * head_dim),
+        row_stride(static_cast<int64_t>(n_kv_heads) * head_dim) {}
+
+  __device__ bool visible(int64_t slot) const {
+    if (slot < n_past) return true;
+    const int64_t j = slot - n_past;
+    return mrow == nullptr ? j <= i : mrow[j] != 0;
+  }
+  // Byte offset of (slot, the row's KV head) in the layer's K or V.
+  __device__ int64_t offset(int64_t slot) const {
+    const int64_t phys = static_cast<int64_t>(table[slot / block_slots]) * block_slots +
+                         slot % block_slots;
+    return (phys * row_stride + head_offset) * (K == KvType::kF16 ? 2 : 4);
+  }
+};
+
 template <KvType K>
 __global__ void __launch_bounds__(kAttnThreads)
     paged_attention_kernel(const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
@@ -148,33 +186,16 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int d = tid; d < head_dim; d += kAttnThreads) o[d] = 0.0f;
     return;
   }
-  const DeviceAttnSeq seq = seqs[si];
-  const int64_t i = row - seq.row0;  // query index within the sequence
-  const int32_t* table = tables + seq.table;
-  const uint8_t* mrow = seq.mask >= 0 ? masks + seq.mask + i * seq.n_new : nullptr;
-  // Candidate slots: causal rows see nothing past their own slot.
-  const int64_t n_slots = seq.n_past + (mrow == nullptr ? i + 1 : seq.n_new);
-  const int kvh = h / (n_heads / n_kv_heads);
-  const int64_t row_stride = static_cast<int64_t>(n_kv_heads) * head_dim;  // elements per slot
-  const int64_t elem = K == KvType::kF16 ? 2 : 4;
+  const AttnRow<K> r(seqs[si], row, tables, masks, block_slots, h / (n_heads / n_kv_heads),
+                     n_kv_heads, head_dim);
+  const int64_t n_slots = r.n_slots;
 
   for (int d = tid; d < head_dim; d += kAttnThreads) qs[d] = q[(row * n_heads + h) * head_dim + d];
   __syncthreads();
 
-  auto visible = [&](int64_t slot) -> bool {
-    if (slot < seq.n_past) return true;
-    const int64_t j = slot - seq.n_past;
-    return mrow == nullptr ? j <= i : mrow[j] != 0;
-  };
-  // Byte offset of (slot, kvh) in the layer's K or V.
-  auto offset = [&](int64_t slot) -> int64_t {
-    const int64_t phys = static_cast<int64_t>(table[slot / block_slots]) * block_slots +
-                         slot % block_slots;
-    return (phys * row_stride + static_cast<int64_t>(kvh) * head_dim) * elem;
-  };
   // The score of a visible slot, computed by one whole warp (every lane gets it).
   auto score = [&](int64_t slot) -> float {
-    const uint8_t* krow = kc + offset(slot);
+    const uint8_t* krow = kc + r.offset(slot);
     float a = 0.0f;
     for (int p = lane; p < n_pairs; p += 32) {
       const float2 kv = KvElem<K>::pair(krow, p);
@@ -189,7 +210,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   // Pass 1: the maximum score.
   float m = -INFINITY;
   for (int64_t slot = warp; slot < n_slots; slot += kAttnWarps) {
-    if (!visible(slot)) continue;  // uniform over the warp
+    if (!r.visible(slot)) continue;  // uniform over the warp
     const float s = score(slot);
     m = fmaxf(m, s);
   }
@@ -209,7 +230,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int j = warp; j < kChunk; j += kAttnWarps) {
       const int64_t slot = c0 + j;
       float s = -INFINITY;  // marks a slot not visible (or past the end)
-      if (slot < n_slots && visible(slot)) s = score(slot);
+      if (slot < n_slots && r.visible(slot)) s = score(slot);
       if (lane == 0) scores[j] = s;
     }
     __syncthreads();
@@ -221,7 +242,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       const float p = expf(__fsub_rn(s, big_m));
       l_sum = __fadd_rn(l_sum, p);
       if (owns) {
-        const float2 vv = KvElem<K>::pair(vc + offset(c0 + j), tid);
+        const float2 vv = KvElem<K>::pair(vc + r.offset(c0 + j), tid);
         acc0 = fmaf(p, vv.x, acc0);
         acc1 = fmaf(p, vv.y, acc1);
       }
@@ -263,34 +284,18 @@ __global__ void __launch_bounds__(kFastThreads)
     for (int d = tid; d < head_dim; d += kFastThreads) o[d] = 0.0f;
     return;
   }
-  const DeviceAttnSeq seq = seqs[si];
-  const int64_t i = row - seq.row0;
-  const int32_t* table = tables + seq.table;
-  const uint8_t* mrow = seq.mask >= 0 ? masks + seq.mask + i * seq.n_new : nullptr;
-  const int64_t n_slots = seq.n_past + (mrow == nullptr ? i + 1 : seq.n_new);
+  const AttnRow<K> r(seqs[si], row, tables, masks, block_slots, h / (n_heads / n_kv_heads),
+                     n_kv_heads, head_dim);
+  const int64_t n_slots = r.n_slots;
   if (n_slots > score_cap) {  // the caller's bound was wrong: a loud result, not a silent one
     for (int d = tid; d < head_dim; d += kFastThreads) o[d] = __int_as_float(0x7fc00000);
     return;
   }
-  const int kvh = h / (n_heads / n_kv_heads);
-  const int64_t row_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
-  const int64_t elem = K == KvType::kF16 ? 2 : 4;
-
   for (int d = tid; d < head_dim; d += kFastThreads) {
     qs[d] = q[(row * n_heads + h) * head_dim + d];
   }
   __syncthreads();
 
-  auto visible = [&](int64_t slot) -> bool {
-    if (slot < seq.n_past) return true;
-    const int64_t j = slot - seq.n_past;
-    return mrow == nullptr ? j <= i : mrow[j] != 0;
-  };
-  auto offset = [&](int64_t slot) -> int64_t {
-    const int64_t phys = static_cast<int64_t>(table[slot / block_slots]) * block_slots +
-                         slot % block_slots;
-    return (phys * row_stride + static_cast<int64_t>(kvh) * head_dim) * elem;
-  };
 
   // Pass 1: every slot's score (-inf when not visible) and the maximum. A warp takes kUnroll
   // slots at a time: their K pairs are all loaded before the first is reduced. Each score is the
@@ -303,9 +308,9 @@ __global__ void __launch_bounds__(kFastThreads)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t slot = base + static_cast<int64_t>(kFastWarps) * u;
-      vis[u] = slot < n_slots && visible(slot);  // uniform over the warp
+      vis[u] = slot < n_slots && r.visible(slot);  // uniform over the warp
       if (vis[u]) {
-        const uint8_t* krow = kc + offset(slot);
+        const uint8_t* krow = kc + r.offset(slot);
 #pragma unroll
         for (int pp = 0; pp < kLanePairs; ++pp) {
           const int p = lane + 32 * pp;
@@ -354,7 +359,7 @@ __global__ void __launch_bounds__(kFastThreads)
     for (int e = tid; e < in_chunk * n_pairs; e += kFastThreads) {
       const int j = e / n_pairs, p = e - j * n_pairs;
       if (scores[c0 + j] == -INFINITY) continue;  // not read below
-      const T* vrow = reinterpret_cast<const T*>(vc + offset(c0 + j));
+      const T* vrow = reinterpret_cast<const T*>(vc + r.offset(c0 + j));
       if constexpr (K == KvType::kF16) {
         reinterpret_cast<__half2*>(vtile + j * head_dim)[p] =
             reinterpret_cast<const __half2*>(vrow)[p];
