@@ -6,7 +6,8 @@
 //   g++ -O2 -std=c++20 -Isrc bench/micro/bench_matmul.cpp build-kernels/libspecdec_core.a
 //       -lpthread -o build-kernels/bench_matmul
 // Run: build-kernels/bench_matmul [--isa scalar|avx2|avx512] [--threads N] [--rounds R] [--quick]
-//        [--packed]   (AVX-512: Q4_0 / Q4_1 / Q8_0 matrices in the packed layout, as the model
+//        [--packed]   (AVX-512: Q4_0 / Q4_1 / Q8_0 / Q4_K matrices in the packed layout, as the
+//        model
 //                      loads them; see backend/cpu/packed_weights.h)
 #include <algorithm>
 #include <chrono>

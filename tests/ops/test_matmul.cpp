@@ -658,8 +658,10 @@ TEST(Matmul, VariantsEqualReferenceAnyThreadCount) {
 TEST(Matmul, PackedEqualsReferenceEveryRowCount) {
   if (packed_isas().empty()) GTEST_SKIP() << "packed kernels need AVX2 or AVX-512";
   ThreadPool pool2(2), pool3(3);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
-    for (int64_t cols : {32, 96, 256}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+    const bool super = min_cols(type) == 256;  // Q4_K: whole super-blocks, 8 sub-blocks each
+    for (int64_t cols :
+         super ? std::vector<int64_t>{256, 512, 768} : std::vector<int64_t>{32, 96, 256}) {
       for (int64_t rows : {5, 16, 37}) {
         const Weights w = make_weights(type, rows, cols, static_cast<uint32_t>(rows + cols), true);
         for (int64_t n = 1; n <= 17; ++n) {
@@ -796,9 +798,10 @@ TEST(Matmul, EmptyAndErrors) {
 
 // The packed layout holds exactly the codes and scales of the sub-block view, for every element.
 TEST(PackedWeights, LayoutHoldsEverySubBlockValue) {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
     SCOPED_TRACE(type_name(type));
-    const Weights w = make_weights(type, 37, 96, 3, false);  // rows not a multiple of 16
+    // rows not a multiple of 16; Q4_K: three super-blocks
+    const Weights w = make_weights(type, 37, min_cols(type) == 256 ? 768 : 96, 3, false);
     const WeightMatrix m = w.matrix();
     const PackedWeights packed = PackedWeights::pack({&m, 1}, nullptr);
     const QuantLayout layout = quant_layout(type);
@@ -832,18 +835,19 @@ TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
   ThreadPool pool(2);
   HugeArena shared_arena(size_t{64} << 10);  // small chunks: the pieces span several
   for (HugeArena* arena : {static_cast<HugeArena*>(nullptr), &shared_arena}) {
-    for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
       SCOPED_TRACE(std::string(type_name(type)) + (arena ? " in an arena" : ""));
-      const Weights a = make_weights(type, 48, 192, 1, true);
-      const Weights b = make_weights(type, 16, 192, 2, true);
-      const Weights c = make_weights(type, 21, 192, 3, true);
+      const int64_t cols = min_cols(type) == 256 ? 512 : 192;
+      const Weights a = make_weights(type, 48, cols, 1, true);
+      const Weights b = make_weights(type, 16, cols, 2, true);
+      const Weights c = make_weights(type, 21, cols, 3, true);
       const WeightMatrix parts[] = {a.matrix(), b.matrix(), c.matrix()};
       const PackedWeights packed = PackedWeights::pack(parts, &pool, arena);
       EXPECT_EQ(packed.stacked().rows, 85);
       EXPECT_EQ(packed.stacked().data, nullptr);
       for (Isa isa : packed_isas()) {
         for (int64_t n : {1, 3, 8, 13}) {
-          const std::vector<float> x = make_activations(n, 192, 7);
+          const std::vector<float> x = make_activations(n, cols, 7);
           std::vector<float> y(static_cast<size_t>(n * 85));
           matmul_isa(isa, packed.stacked(), x.data(), n, y.data(), &pool);
           int64_t col0 = 0;
@@ -865,16 +869,16 @@ TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
         }
       }
       // A packed-only matrix cannot run on the other variants: a clear error, not a crash.
-      const std::vector<float> x = make_activations(1, 192, 7);
+      const std::vector<float> x = make_activations(1, cols, 7);
       std::vector<float> y(85);
       EXPECT_THROW(matmul_isa(Isa::kScalar, packed.stacked(), x.data(), 1, y.data(), nullptr),
                    Error);
     }
   }
   // Bad stacks: a type without a packed layout; a middle part that does not fill its blocks.
-  const Weights k4 = make_weights(GgmlType::kQ4_K, 16, 256, 1, false);
-  const WeightMatrix k4m = k4.matrix();
-  EXPECT_THROW(PackedWeights::pack({&k4m, 1}, nullptr), Error);
+  const Weights k6 = make_weights(GgmlType::kQ6_K, 16, 256, 1, false);
+  const WeightMatrix k6m = k6.matrix();
+  EXPECT_THROW(PackedWeights::pack({&k6m, 1}, nullptr), Error);
   const Weights odd = make_weights(GgmlType::kQ4_0, 17, 64, 1, false);
   const Weights even = make_weights(GgmlType::kQ4_0, 16, 64, 1, false);
   const WeightMatrix bad_stack[] = {odd.matrix(), even.matrix()};

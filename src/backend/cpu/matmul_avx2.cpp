@@ -7,8 +7,8 @@
 //    and the float epilogue keeps two accumulators (sub-block parity A / B) per lane.
 //  * tile kernel (n >= 2): activations in tiles of 4 rows, lane 2 i + h = (row i, parity h);
 //    each weight row is unpacked once into a scratch with the A/B codes interleaved per 4 bytes.
-// Matrices with a packed copy (packed_weights.h: Q4_0 / Q4_1 / Q8_0, as a model loads them on
-// AVX2 machines) run matmul_packed_avx2.cpp instead below kPackedPanelMinRows rows (decode,
+// Matrices with a packed copy (packed_weights.h: Q4_0 / Q4_1 / Q8_0 / Q4_K, as a model loads them
+// on AVX2 machines) run matmul_packed_avx2.cpp instead below kPackedPanelMinRows rows (decode,
 // verification, batching): no per-call unpacking, no hadd trees, weights kept in registers
 // across up to 8 activation rows. Prefill keeps the tile kernel here.
 //

@@ -117,10 +117,10 @@ struct Activations {
   int64_t n = 0;
   int64_t n_pad = 0;  // n rounded up to the tile height (1 when n == 1)
   int64_t cols = 0;
-  int64_t cols_pad = 0;   // cols rounded up to 64
-  int64_t units = 0;      // unit = an A and a B sub-block = 2 sub elements
-  int64_t units_pad = 0;  // units rounded up to 8 (whole 8 x 8 transposes)
-  int64_t nsub_pad = 0;   // 2 units_pad
+  int64_t cols_pad = 0;    // cols rounded up to 64
+  int64_t units = 0;       // unit = an A and a B sub-block = 2 sub elements
+  int64_t units_pad = 0;   // units rounded up to 8 (whole 8 x 8 transposes)
+  int64_t nsub_pad = 0;    // 2 units_pad
   int64_t tiles = 0;       // tiles of H rows (TileShape), set by the tile path
   int8_t* q = nullptr;     // [n_pad, cols_pad] natural (tile builds permute it in place)
   float* d = nullptr;      // [n_pad, cols_pad / 32]
@@ -230,8 +230,7 @@ void build_tiles(Activations& a) {
     if constexpr (H == 8) {
       // qword g of each row's step -> vector (step, g) with lane pair i = row i
       for (int64_t s = 0; s < steps; ++s) {
-        transpose8x8_qwords(rows + 64 * s, a.cols_pad,
-                            a.qt + (t * (a.cols_pad / 8) + 8 * s) * 64);
+        transpose8x8_qwords(rows + 64 * s, a.cols_pad, a.qt + (t * (a.cols_pad / 8) + 8 * s) * 64);
       }
       for (int64_t u0 = 0; u0 < a.units_pad; u0 += 8) {
         const int64_t row0 = t * kTileRows;
@@ -245,8 +244,8 @@ void build_tiles(Activations& a) {
         int8_t* dst = a.qt + (t * a.units + u) * kChunks * 64;
         for (int64_t c = 0; c < kChunks; ++c) {
           for (int64_t i = 0; i < H; ++i) {
-            std::memcpy(dst + c * 64 + i * kCB,
-                        rows + i * a.cols_pad + u * kUnitBytes + c * kCB, kCB);
+            std::memcpy(dst + c * 64 + i * kCB, rows + i * a.cols_pad + u * kUnitBytes + c * kCB,
+                        kCB);
           }
         }
       }
@@ -601,8 +600,7 @@ void tile_group_rows(int prows, const Activations& a, const uint8_t* wq, const f
                      const float* mwn, int64_t sstride, float* y, int64_t ldy, int64_t g0,
                      const uint8_t* ahead, int64_t ahead_bytes) {
   auto group = [&](auto p) {
-    tile_group<T, decltype(p)::value>(a, wq, dwn, mwn, sstride, y, ldy, g0, ahead,
-                                      ahead_bytes);
+    tile_group<T, decltype(p)::value>(a, wq, dwn, mwn, sstride, y, ldy, g0, ahead, ahead_bytes);
   };
   switch (prows) {
     case 8:
@@ -819,6 +817,23 @@ void build_panel_packed(const WeightMatrix& w, int64_t row0, int64_t valid, cons
                              _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
         }
       }
+      if constexpr (kFormat.super) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j])
+        const uint8_t* head = scales + (b / kSuperSubs) * kSuperHeadBytes;
+        const int64_t j = b % kSuperSubs;
+        auto bytes = [&](int64_t at) {
+          return _mm512_cvtepi32_ps(
+              _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(head + at))));
+        };
+        auto halves = [&](int64_t at) {
+          return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head + at)));
+        };
+        _mm512_store_ps(p.dw + b * kPanelRows + 16 * c,
+                        _mm512_mul_ps(halves(0), bytes(64 + 16 * j)));
+        _mm512_store_ps(
+            p.mw + b * kPanelRows + 16 * c,
+            _mm512_xor_ps(_mm512_mul_ps(halves(32), bytes(192 + 16 * j)), _mm512_set1_ps(-0.0f)));
+        continue;
+      }
       const __m512 dw =
           _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 32 * b)));
       _mm512_store_ps(p.dw + b * kPanelRows + 16 * c, dw);
@@ -903,7 +918,7 @@ void panel_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t
   auto* nat = reinterpret_cast<float*>(mem + w_bytes + 2 * s_bytes);
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const int64_t valid = std::min<int64_t>(kPanelRows, r1 - p0);
-    if constexpr (T == GgmlType::kQ4_0 || T == GgmlType::kQ4_1 || T == GgmlType::kQ8_0) {
+    if constexpr (packed_format(T).code_bytes != 0) {
       if (w.packed != nullptr) {
         build_panel_packed<T>(w, p0, valid, a, p);
       } else {

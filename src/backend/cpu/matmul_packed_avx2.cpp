@@ -231,6 +231,21 @@ inline void sub_block_scales(const uint8_t* blk, int64_t nsub, int64_t b, int h,
                              __m256* mw) {
   using P = Packed<T>;
   const uint8_t* scales = blk + nsub * P::kCodeBytes;
+  if constexpr (P::kFormat.super) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), rows 8h..
+    const uint8_t* head = scales + (b / kSuperSubs) * kSuperHeadBytes;
+    const int64_t j = b % kSuperSubs;
+    auto bytes = [&](int64_t at) {
+      return _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(head + at))));
+    };
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(head + 16 * h)));
+    const __m256 dmin =
+        _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(head + 32 + 16 * h)));
+    *dw = _mm256_mul_ps(d, bytes(64 + 16 * j + 8 * h));
+    *mw = _mm256_xor_ps(_mm256_mul_ps(dmin, bytes(192 + 16 * j + 8 * h)), _mm256_set1_ps(-0.0f));
+    return;
+  }
   *dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + 32 * b + 16 * h)));
   if constexpr (P::kMin) {
     *mw = _mm256_cvtph_ps(
@@ -415,6 +430,8 @@ void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float*
       return packed_matmul<GgmlType::kQ4_1>(w, x, n, y, pool);
     case GgmlType::kQ8_0:
       return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
+    case GgmlType::kQ4_K:
+      return packed_matmul<GgmlType::kQ4_K>(w, x, n, y, pool);
     default:
       SPECDEC_CHECK(false, "packed_matmul_avx2: type has no packed layout");
   }

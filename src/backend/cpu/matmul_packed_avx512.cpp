@@ -284,6 +284,20 @@ template <GgmlType T>
 inline void sub_block_scales(const uint8_t* blk, int64_t nsub, int64_t b, __m512* dw, __m512* mw) {
   using P = Packed<T>;
   const uint8_t* scales = blk + nsub * P::kCodeBytes;
+  if constexpr (P::kFormat.super) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), 16 rows
+    const uint8_t* head = scales + (b / kSuperSubs) * kSuperHeadBytes;
+    const int64_t j = b % kSuperSubs;
+    auto bytes = [&](int64_t at) {
+      return _mm512_cvtepi32_ps(
+          _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(head + at))));
+    };
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head)));
+    const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head + 32)));
+    *dw = _mm512_mul_ps(d, bytes(64 + 16 * j));
+    *mw = _mm512_xor_ps(_mm512_mul_ps(dmin, bytes(192 + 16 * j)), _mm512_set1_ps(-0.0f));
+    return;
+  }
   *dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 32 * b)));
   if constexpr (P::kMin) {
     *mw = _mm512_cvtph_ps(
@@ -495,6 +509,8 @@ void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, floa
       return packed_matmul<GgmlType::kQ4_1>(w, x, n, y, pool, glu);
     case GgmlType::kQ8_0:
       return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool, glu);
+    case GgmlType::kQ4_K:
+      return packed_matmul<GgmlType::kQ4_K>(w, x, n, y, pool, glu);
     default:
       SPECDEC_CHECK(false, "packed_matmul_avx512: type has no packed layout");
   }

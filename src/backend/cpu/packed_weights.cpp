@@ -1,5 +1,6 @@
-// Packing of Q4_0 / Q4_1 / Q8_0 matrices into the row-interleaved layout of packed_weights.h.
-// Plain scalar byte moves: packing runs once at load time (~0.1 s for SmolLM2-135M).
+// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K matrices into the row-interleaved layout of
+// packed_weights.h. Plain scalar byte moves: packing runs once at load time (~0.1 s for
+// SmolLM2-135M).
 #include "backend/cpu/packed_weights.h"
 
 #include <algorithm>
@@ -16,9 +17,45 @@
 namespace specdec {
 namespace {
 
+// Q4_K rows [row0, row0 + count) into block `out` (see packed_weights.h): sub-block b = 8 s + j
+// of super-block s has its 32 codes in the low (j even) or high (j odd) nibbles of
+// qs[32 (j / 2) ..]; they are re-paired as the 32-element types' nibbles (byte 4 v + k of row r
+// holds elements 4 v + k and 16 + 4 v + k).
+void pack_block_q4_k(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t* out) {
+  const int64_t nsub = w.cols / kQK;
+  uint8_t* heads = out + nsub * 256;  // [nsub / 8][kSuperHeadBytes]
+  for (int64_t r = 0; r < count; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + (row0 + r) * w.row_bytes;
+    for (int64_t s = 0; s < nsub / kSuperSubs; ++s) {
+      BlockQ4_K blk;
+      std::memcpy(&blk, row + s * static_cast<int64_t>(sizeof(BlockQ4_K)), sizeof blk);
+      uint8_t* head = heads + s * kSuperHeadBytes;
+      std::memcpy(head + 2 * r, &blk.d, 2);
+      std::memcpy(head + 32 + 2 * r, &blk.dmin, 2);
+      for (int j = 0; j < kSuperSubs; ++j) {
+        get_scale_min_k4(j, blk.scales, head + 64 + 16 * j + r, head + 192 + 16 * j + r);
+        uint8_t q[32];
+        const uint8_t* qs = blk.qs + 32 * (j / 2);
+        for (int l = 0; l < 32; ++l) q[l] = (j % 2 == 0) ? (qs[l] & 0xf) : (qs[l] >> 4);
+        uint8_t* codes = out + (kSuperSubs * s + j) * 256;
+        for (int v = 0; v < 4; ++v) {
+          for (int k = 0; k < 4; ++k) {
+            codes[64 * v + 4 * r + k] =
+                static_cast<uint8_t>(q[4 * v + k] | (q[16 + 4 * v + k] << 4));
+          }
+        }
+      }
+    }
+  }
+}
+
 // Rows [row0, row0 + count) of `w` (count <= 16; missing rows stay zero) into block `out`.
 void pack_block(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t* out) {
   const PackedFormat f = packed_format(w.type);
+  if (f.super) {
+    pack_block_q4_k(w, row0, count, out);
+    return;
+  }
   const int64_t nsub = w.cols / kQK;
   const int64_t block_bytes = ggml_type_traits(w.type).block_bytes;
   uint8_t* d_out = out + nsub * f.code_bytes;  // [nsub][16] f16
@@ -52,7 +89,8 @@ int64_t packed_block_bytes(GgmlType type, int64_t cols) {
   const PackedFormat f = packed_format(type);
   if (f.code_bytes == 0) return 0;
   const int64_t nsub = cols / kQK;
-  const int64_t bytes = nsub * (f.code_bytes + 32 * (f.has_min ? 2 : 1));
+  const int64_t bytes = f.super ? nsub * f.code_bytes + nsub / kSuperSubs * kSuperHeadBytes
+                                : nsub * (f.code_bytes + 32 * (f.has_min ? 2 : 1));
   return (bytes + 63) / 64 * 64;
 }
 
@@ -73,7 +111,8 @@ PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPoo
   for (size_t k = 0; k < parts.size(); ++k) {
     const WeightMatrix& p = parts[k];
     if (p.type != first.type || p.cols != first.cols || p.data == nullptr ||
-        p.cols % kQK != 0 || p.row_bytes != ggml_row_bytes(p.type, p.cols) || p.rows <= 0) {
+        p.cols % (packed_format(p.type).super ? kQK_K : kQK) != 0 ||
+        p.row_bytes != ggml_row_bytes(p.type, p.cols) || p.rows <= 0) {
       throw Error("PackedWeights::pack: parts must be valid matrices of one type and width");
     }
     if (k + 1 < parts.size() && p.rows % kPackRows != 0) {
@@ -149,6 +188,16 @@ void packed_element(const WeightMatrix& w, int64_t r, int64_t k, uint8_t* code, 
     *code = e < 16 ? byte & 0x0f : byte >> 4;
   }
   uint16_t h;
+  if (f.super) {  // dw = d * sc, mw = -(dmin * mn), as the sub-block view forms them
+    const uint8_t* head = blk + nsub * f.code_bytes + (b / kSuperSubs) * kSuperHeadBytes;
+    const int64_t j = b % kSuperSubs;
+    uint16_t hm;
+    std::memcpy(&h, head + 2 * lane, 2);
+    std::memcpy(&hm, head + 32 + 2 * lane, 2);
+    *dw = fp16_to_fp32(h) * static_cast<float>(head[64 + 16 * j + lane]);
+    *mw = -(fp16_to_fp32(hm) * static_cast<float>(head[192 + 16 * j + lane]));
+    return;
+  }
   std::memcpy(&h, blk + nsub * f.code_bytes + b * 32 + 2 * lane, 2);
   *dw = fp16_to_fp32(h);
   *mw = 0.0f;

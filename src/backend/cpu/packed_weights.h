@@ -1,7 +1,7 @@
-// Row-interleaved ("packed") weights: a load-time copy of a Q4_0 / Q4_1 / Q8_0 matrix laid out
-// for the AVX-512 kernels, so that one vector load yields the codes of 16 weight rows at once and
-// a single broadcast activation group feeds a dot product against all 16 (lane r = weight row r).
-// The AVX2 kernels (matmul_packed_avx2.cpp) read the same layout as two halves of 8 rows: bytes
+// Row-interleaved ("packed") weights: a load-time copy of a Q4_0 / Q4_1 / Q8_0 / Q4_K matrix laid
+// out for the AVX-512 kernels, so that one vector load yields the codes of 16 weight rows at once
+// and a single broadcast activation group feeds a dot product against all 16 (lane r = weight row
+// r). The AVX2 kernels (matmul_packed_avx2.cpp) read the same layout as two halves of 8 rows: bytes
 // [32 h, 32 h + 32) of each 64-byte code vector, and 8 of the 16 f16 scales.
 // A pass over k activation rows then unpacks each weight once, keeps it in registers for all k
 // rows, and needs no horizontal reductions; this is what makes a verification pass over 8 tokens
@@ -14,8 +14,18 @@
 //     Q4_0 / Q4_1 (kCodeBytes 256): vector v = 0..3 holds group v in its low nibbles and group
 //       v + 4 in its high nibbles, i.e. simply bytes qs[4v .. 4v+3] of each row's GGML block;
 //     Q8_0 (kCodeBytes 512): vector g = 0..7, codes as unsigned bytes q + 128;
+//     Q4_K (kCodeBytes 256): the same nibble layout; the codes of sub-block b are those of
+//       quant_blocks.h's sub-block view (GGML keeps two sub-blocks in the two nibbles of one
+//       32-byte run; the packer moves them to the layout above);
 //   d      [nsub][16] f16      the block scale of each row (GGML's f16, unchanged)
 //   m      [nsub][16] f16      the block min (Q4_1 only)
+//   Q4_K instead of d and m: per super-block of 256 elements (8 sub-blocks), kSuperHeadBytes:
+//     d    [16] f16     the super-block scale of each row
+//     dmin [16] f16     the super-block scale of the mins
+//     sc   [8][16] u8   the 6-bit sub-block scales (get_scale_min_k4 unpacked: 16 bytes where
+//     mn   [8][16] u8   GGML's 12 pack them, 2.8% more bytes than the file), sub-block j's mins
+//     so that the sub-block view's dw = d * sc[j] and mw = -(dmin * mn[j]) are formed in the
+//     kernels with the reference's float products.
 //   padding to a multiple of 64 bytes.
 // The values are exactly GGML's: the same codes and f16 scales, so the kernels run the arithmetic
 // of quant_kernels.h unchanged and equal the scalar reference bit for bit.
@@ -41,7 +51,11 @@ struct PackedFormat {
   int64_t head_bytes = 0;  // bytes before the codes in a GGML block (f16 d, f16 m)
   bool has_min = false;    // an f16 min per block follows the scales
   bool eight_bit = false;  // codes are whole bytes (else two nibble groups per byte)
+  bool super = false;      // K-quant: scales per super-block of 8 sub-blocks (Q4_K)
 };
+
+inline constexpr int64_t kSuperHeadBytes = 320;  // Q4_K scales of one super-block, 16 rows
+inline constexpr int64_t kSuperSubs = 8;         // sub-blocks of 32 per super-block
 
 constexpr PackedFormat packed_format(GgmlType type) {
   switch (type) {
@@ -51,6 +65,8 @@ constexpr PackedFormat packed_format(GgmlType type) {
       return {256, 4, true, false};
     case GgmlType::kQ8_0:
       return {512, 2, false, true};
+    case GgmlType::kQ4_K:
+      return {256, 0, true, false, true};
     default:
       return {};
   }

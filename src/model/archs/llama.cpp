@@ -154,8 +154,8 @@ void LlamaModel::load_weights() {
   pack_weights();
 }
 
-// On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q8_0 matrices get a packed copy
-// (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each (AVX-512 passes use
+// On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q8_0 / Q4_K matrices get a packed
+// copy (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each (AVX-512 passes use
 // the stacks; AVX2 passes below kPackedPanelMinRows rows too, larger ones multiply each part from
 // the file's rows). The file's own bytes stay mapped for the other kernels (prefill on AVX2, and
 // the embedding lookup). SPECDEC_PACKED_WEIGHTS=0 turns packing off (for comparisons).
@@ -318,13 +318,13 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
   const int64_t n = offsets[n_seqs];
   if (n == 0) return {};
 
-  float* x = grow(sc.x, n * c.dim);              // [n, dim]
-  float* xn = grow(sc.xn, n * c.dim);            // [n, dim]
-  float* q = grow(sc.q, n * c.q_dim());          // [n, q_dim]
-  float* attn = grow(sc.attn, n * c.q_dim());    // [n, q_dim]
-  float* proj = grow(sc.proj, n * c.dim);        // [n, dim]
-  float* gate = grow(sc.gate, n * c.ffn_dim);    // [n, ffn_dim]
-  float* up = grow(sc.up, n * c.ffn_dim);        // [n, ffn_dim]
+  float* x = grow(sc.x, n * c.dim);               // [n, dim]
+  float* xn = grow(sc.xn, n * c.dim);             // [n, dim]
+  float* q = grow(sc.q, n * c.q_dim());           // [n, q_dim]
+  float* attn = grow(sc.attn, n * c.q_dim());     // [n, q_dim]
+  float* proj = grow(sc.proj, n * c.dim);         // [n, dim]
+  float* gate = grow(sc.gate, n * c.ffn_dim);     // [n, ffn_dim]
+  float* up = grow(sc.up, n * c.ffn_dim);         // [n, ffn_dim]
   float* k_new = grow(sc.k_new, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
   float* v_new = grow(sc.v_new, n * c.kv_dim());  // [n, n_kv_heads, head_dim]
   int32_t* positions = grow(sc.positions, n);     // [n]
@@ -524,7 +524,9 @@ ForwardResult Model::forward(KvCache& kv, const ForwardBatch& batch, ThreadPool*
   return result;
 }
 
-void Model::check_seq_batch(const SeqBatch& sb) const { check_batch(config_, sb); }
+void Model::check_seq_batch(const SeqBatch& sb) const {
+  check_batch(config_, sb);
+}
 
 KvCache Model::make_kv_cache(int64_t capacity, KvType type) const {
   return KvCache(config_.n_layers, config_.n_kv_heads, config_.head_dim, capacity, type,
