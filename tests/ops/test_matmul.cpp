@@ -588,7 +588,8 @@ void expect_variants_equal_reference(GgmlType type, int64_t rows, int64_t cols, 
   if (!packable(type)) return;
   for (Isa isa : packed_isas()) {
     for (bool packed_only : {false, true}) {
-      if (packed_only && isa == Isa::kAvx512) continue;  // its n >= 32 path needs no rows
+      if (packed_only && isa == Isa::kAvx512) continue;          // its n >= 32 path needs no rows
+      if (packed_only && packed_format(type).six_bit) continue;  // never stacked, rows kept
       const std::vector<float> got = run_packed(isa, w, x, n, pool, packed_only);
       const int64_t at = first_bit_difference(want, got);
       ASSERT_EQ(at, -1) << isa_name(isa) << " packed" << (packed_only ? " only" : "")
@@ -658,8 +659,9 @@ TEST(Matmul, VariantsEqualReferenceAnyThreadCount) {
 TEST(Matmul, PackedEqualsReferenceEveryRowCount) {
   if (packed_isas().empty()) GTEST_SKIP() << "packed kernels need AVX2 or AVX-512";
   ThreadPool pool2(2), pool3(3);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
-    const bool super = min_cols(type) == 256;  // Q4_K: whole super-blocks, 8 sub-blocks each
+  for (GgmlType type :
+       {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const bool super = min_cols(type) == 256;  // K-quants: whole super-blocks of 8 sub-blocks
     for (int64_t cols :
          super ? std::vector<int64_t>{256, 512, 768} : std::vector<int64_t>{32, 96, 256}) {
       for (int64_t rows : {5, 16, 37}) {
@@ -673,6 +675,7 @@ TEST(Matmul, PackedEqualsReferenceEveryRowCount) {
             for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
               for (bool packed_only : {false, true}) {
                 if (packed_only && isa == Isa::kAvx512) continue;
+                if (packed_only && packed_format(type).six_bit) continue;
                 const std::vector<float> got = run_packed(isa, w, x, n, pool, packed_only);
                 const int64_t at = first_bit_difference(want, got);
                 ASSERT_EQ(at, -1) << isa_name(isa) << (packed_only ? " packed only" : " packed")
@@ -798,7 +801,8 @@ TEST(Matmul, EmptyAndErrors) {
 
 // The packed layout holds exactly the codes and scales of the sub-block view, for every element.
 TEST(PackedWeights, LayoutHoldsEverySubBlockValue) {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+  for (GgmlType type :
+       {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     SCOPED_TRACE(type_name(type));
     // rows not a multiple of 16; Q4_K: three super-blocks
     const Weights w = make_weights(type, 37, min_cols(type) == 256 ? 768 : 96, 3, false);
@@ -808,14 +812,15 @@ TEST(PackedWeights, LayoutHoldsEverySubBlockValue) {
     uint8_t q[32];
     for (int64_t r = 0; r < w.rows; ++r) {
       const uint8_t* row = w.data.data() + r * m.row_bytes;
-      for (int64_t b = 0; b < w.cols / 32; ++b) {
+      const int64_t sub = layout.sub;  // 16 for Q6_K
+      for (int64_t b = 0; b < w.cols / sub; ++b) {
         float dw, mw;
         decode_sub_block(type, row, b, q, &dw, &mw);
-        for (int64_t j = 0; j < 32; ++j) {
+        for (int64_t j = 0; j < sub; ++j) {
           uint8_t code;
           float pdw, pmw;
-          packed_element(packed.stacked(), r, 32 * b + j, &code, &pdw, &pmw);
-          ASSERT_EQ(code, q[j]) << "row " << r << " element " << 32 * b + j;
+          packed_element(packed.stacked(), r, sub * b + j, &code, &pdw, &pmw);
+          ASSERT_EQ(code, q[j]) << "row " << r << " element " << sub * b + j;
           ASSERT_EQ(pdw, dw);
           if (layout.has_min) {
             ASSERT_EQ(pmw, mw);
@@ -876,9 +881,14 @@ TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
     }
   }
   // Bad stacks: a type without a packed layout; a middle part that does not fill its blocks.
+  const Weights k5 = make_weights(GgmlType::kQ5_K, 16, 256, 1, false);
+  const WeightMatrix k5m = k5.matrix();
+  EXPECT_THROW(PackedWeights::pack({&k5m, 1}, nullptr), Error);
+  // Q6_K is packed one matrix at a time (the AVX2 kernels need its file rows).
   const Weights k6 = make_weights(GgmlType::kQ6_K, 16, 256, 1, false);
-  const WeightMatrix k6m = k6.matrix();
-  EXPECT_THROW(PackedWeights::pack({&k6m, 1}, nullptr), Error);
+  const WeightMatrix k6_stack[] = {k6.matrix(), k6.matrix()};
+  EXPECT_THROW(PackedWeights::pack(k6_stack, nullptr), Error);
+  EXPECT_NO_THROW(PackedWeights::pack({k6_stack, 1}, nullptr));
   const Weights odd = make_weights(GgmlType::kQ4_0, 17, 64, 1, false);
   const Weights even = make_weights(GgmlType::kQ4_0, 16, 64, 1, false);
   const WeightMatrix bad_stack[] = {odd.matrix(), even.matrix()};

@@ -85,7 +85,8 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
     }
     return;
   }
-  if (isa == Isa::kAvx2 && w.packed != nullptr &&
+  // The AVX2 kernels read no Q6_K packed copy: they multiply its file rows (always kept).
+  if (isa == Isa::kAvx2 && w.packed != nullptr && !packed_format(w.type).six_bit &&
       (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
     SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");
     detail::packed_matmul_avx2(w, x, n, y, pool);
@@ -144,7 +145,7 @@ void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes) {
   if (w.packed == nullptr) return;
   if (active_isa() == Isa::kAvx512) {
     detail::packed_prefetch_avx512(w, ti, nt, max_bytes);
-  } else if (active_isa() == Isa::kAvx2) {
+  } else if (active_isa() == Isa::kAvx2 && !packed_format(w.type).six_bit) {
     detail::packed_prefetch_avx2(w, ti, nt, max_bytes);
   }
 }

@@ -817,8 +817,8 @@ void build_panel_packed(const WeightMatrix& w, int64_t row0, int64_t valid, cons
                              _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
         }
       }
-      if constexpr (kFormat.super) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j])
-        const uint8_t* head = scales + (b / kSuperSubs) * kSuperHeadBytes;
+      if constexpr (kFormat.super()) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j])
+        const uint8_t* head = scales + (b / kSuperSubs) * kFormat.super_head_bytes;
         const int64_t j = b % kSuperSubs;
         auto bytes = [&](int64_t at) {
           return _mm512_cvtepi32_ps(
@@ -918,7 +918,8 @@ void panel_kernel(const WeightMatrix& w, const Activations& a, float* y, int64_t
   auto* nat = reinterpret_cast<float*>(mem + w_bytes + 2 * s_bytes);
   for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
     const int64_t valid = std::min<int64_t>(kPanelRows, r1 - p0);
-    if constexpr (packed_format(T).code_bytes != 0) {
+    // Q6_K panels come from the file's rows, which a Q6_K matrix always keeps (packed_weights.h)
+    if constexpr (packed_format(T).code_bytes != 0 && !packed_format(T).six_bit) {
       if (w.packed != nullptr) {
         build_panel_packed<T>(w, p0, valid, a, p);
       } else {

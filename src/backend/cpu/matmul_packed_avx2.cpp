@@ -231,8 +231,8 @@ inline void sub_block_scales(const uint8_t* blk, int64_t nsub, int64_t b, int h,
                              __m256* mw) {
   using P = Packed<T>;
   const uint8_t* scales = blk + nsub * P::kCodeBytes;
-  if constexpr (P::kFormat.super) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), rows 8h..
-    const uint8_t* head = scales + (b / kSuperSubs) * kSuperHeadBytes;
+  if constexpr (P::kFormat.super()) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), rows 8h..
+    const uint8_t* head = scales + (b / kSuperSubs) * P::kFormat.super_head_bytes;
     const int64_t j = b % kSuperSubs;
     auto bytes = [&](int64_t at) {
       return _mm256_cvtepi32_ps(

@@ -58,6 +58,7 @@ struct Packed {
   static constexpr PackedFormat kFormat = packed_format(T);
   static_assert(kFormat.code_bytes != 0, "no packed layout for this type");
   static constexpr bool kMin = kFormat.has_min, kEightBit = kFormat.eight_bit;
+  static constexpr bool kSix = kFormat.six_bit;  // Q6_K: two sub-blocks of 16 per 32
   static constexpr int kCodeBytes = static_cast<int>(kFormat.code_bytes);
   static constexpr int kOffset = avx512::Weights<T>::kOffset;
 };
@@ -69,7 +70,9 @@ constexpr int64_t kMaxTile = 8;  // activation rows per pass over a block of wei
 //   qt [tiles, nsub, 8 groups, 8 rows, 4]  the 4 codes of (row, sub-block, group)
 //   dt [tiles, nsub, 8 rows]               activation scale of the sub-block's 32-block
 //   et [tiles, nsub, 8 rows]               min types: float(S32) * d; offset types: the int32
-//                                          correction offset * S32 (bit pattern in a float slot)
+//                                          correction offset * S32 (bit pattern in a float slot);
+//                                          Q6_K: offset * S16 of the first 16 elements
+//   et2 [tiles, nsub, 8 rows]              Q6_K only: offset * S16 of the last 16
 // Rows of the last tile beyond n are left unset: a pass over R < 8 rows reads only its R rows.
 struct Acts {
   int64_t cols = 0;
@@ -81,6 +84,7 @@ struct Acts {
   int8_t* qt = nullptr;
   float* dt = nullptr;
   float* et = nullptr;
+  float* et2 = nullptr;
 };
 
 // The 8 x 8 transpose of 32-bit groups that turns 8 rows' codes of one sub-block
@@ -158,6 +162,11 @@ void prepare_subblocks(const float* x, bool glu, int64_t n, Acts& a, int64_t b0,
         a.dt[at] = d;
         if constexpr (P::kMin) {
           a.et[at] = static_cast<float>(s32) * d;
+        } else if constexpr (P::kSix) {
+          const int32_t corr_a = a.s16[i * 2 * a.nsub + 2 * b] * P::kOffset;
+          const int32_t corr_b = a.s16[i * 2 * a.nsub + 2 * b + 1] * P::kOffset;
+          std::memcpy(a.et + at, &corr_a, 4);
+          std::memcpy(a.et2 + at, &corr_b, 4);
         } else {
           const int32_t corr = s32 * P::kOffset;
           std::memcpy(a.et + at, &corr, 4);
@@ -280,12 +289,131 @@ inline void sub_block_pairs(const uint8_t* codes, __m512 dw, __m512 mw, const in
   }
 }
 
+// The codes (0..63) of code vector v of a Q6_K sub-block (packed_weights.h) from its nibble
+// vector `raw` and its high-bit vector `hb` (already shifted right by 4 for v >= 2): lo holds
+// group v (first 16 elements), hi group v + 4 (last 16).
+inline void six_bit_codes(__m512i raw, __m512i hb, __m512i* lo, __m512i* hi) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
+  *lo = _mm512_or_si512(_mm512_and_si512(raw, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m2));
+  *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4),
+                        _mm512_and_si512(_mm512_slli_epi16(hb, 2), m2));
+}
+
+// sub_block for Q6_K: the first 16 elements of the sub-block (GGML's even sub-block of 16,
+// scale dwa, correction et) into the even chain fa, the last 16 (dwb, et2) into the odd one fb
+// (quant_kernels.h: acc[b & 1] over sub-blocks of 16).
+template <int R>
+inline void sub_block_six(const uint8_t* codes, __m512 dwa, __m512 dwb, const int8_t* xt,
+                          const float* dt, const float* et, const float* et2, __m512 fa[R],
+                          __m512 fb[R]) {
+  __m512i acc_a[R], acc_b[R];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) acc_a[i] = acc_b[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    __m512i hb = _mm512_load_si512(codes + 256 + 64 * (v % 2));
+    if (v >= 2) hb = _mm512_srli_epi16(hb, 4);
+    __m512i lo, hi;
+    six_bit_codes(_mm512_load_si512(codes + 64 * v), hb, &lo, &hi);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) acc_a[i] = dpbusd_bcast(acc_a[i], lo, xt + 32 * v + 4 * i);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) acc_b[i] = dpbusd_bcast(acc_b[i], hi, xt + 32 * (v + 4) + 4 * i);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    int32_t ca, cb;
+    std::memcpy(&ca, et + i, 4);
+    std::memcpy(&cb, et2 + i, 4);
+    const __m512 dx = _mm512_set1_ps(dt[i]);
+    const __m512 ta =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc_a[i], _mm512_set1_epi32(ca))), dx);
+    const __m512 tb =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc_b[i], _mm512_set1_epi32(cb))), dx);
+    fa[i] = _mm512_fmadd_ps(ta, dwa, fa[i]);
+    fb[i] = _mm512_fmadd_ps(tb, dwb, fb[i]);
+  }
+}
+
+// sub_block_pairs for Q6_K (R = 2 NP rows in token pairs, lanes as there): the first 16
+// elements into fa, the last 16 into fb, as sub_block_six.
+template <int NP>
+inline void sub_block_six_pairs(const uint8_t* codes, __m512 dwa, __m512 dwb, const int8_t* xt,
+                                const float* dt, const float* et, const float* et2,
+                                __m512 fa[2 * NP], __m512 fb[2 * NP]) {
+  __m512i acc_a[2][NP], acc_b[2][NP];
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    acc_a[0][p] = acc_a[1][p] = acc_b[0][p] = acc_b[1][p] = _mm512_setzero_si512();
+  }
+  auto pair = [](const void* src) {
+    int64_t v;
+    std::memcpy(&v, src, 8);
+    return _mm512_set1_epi64(v);
+  };
+  auto dup = [](const uint8_t* src, int h) {
+    const __m512 v = _mm512_load_ps(reinterpret_cast<const float*>(src));
+    return _mm512_castps_si512(h == 0 ? _mm512_moveldup_ps(v) : _mm512_movehdup_ps(v));
+  };
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    __m512i lo[2], hi[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m512i hb = dup(codes + 256 + 64 * (v % 2), h);
+      if (v >= 2) hb = _mm512_srli_epi16(hb, 4);
+      six_bit_codes(dup(codes + 64 * v, h), hb, &lo[h], &hi[h]);
+    }
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const __m512i x = pair(xt + 32 * v + 8 * p);
+      acc_a[0][p] = avx512::dpbusd(acc_a[0][p], lo[0], x);
+      acc_a[1][p] = avx512::dpbusd(acc_a[1][p], lo[1], x);
+    }
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const __m512i x = pair(xt + 32 * (v + 4) + 8 * p);
+      acc_b[0][p] = avx512::dpbusd(acc_b[0][p], hi[0], x);
+      acc_b[1][p] = avx512::dpbusd(acc_b[1][p], hi[1], x);
+    }
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m512 da = h == 0 ? _mm512_moveldup_ps(dwa) : _mm512_movehdup_ps(dwa);
+    const __m512 db = h == 0 ? _mm512_moveldup_ps(dwb) : _mm512_movehdup_ps(dwb);
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const __m512 dx = _mm512_castsi512_ps(pair(dt + 2 * p));
+      const __m512 ta =
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc_a[h][p], pair(et + 2 * p))), dx);
+      const __m512 tb =
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc_b[h][p], pair(et2 + 2 * p))), dx);
+      fa[h * NP + p] = _mm512_fmadd_ps(ta, da, fa[h * NP + p]);
+      fb[h * NP + p] = _mm512_fmadd_ps(tb, db, fb[h * NP + p]);
+    }
+  }
+}
+
+// dw / mw of sub-block b of a packed block; Q6_K: the scales of its first and its last 16
+// elements.
 template <GgmlType T>
 inline void sub_block_scales(const uint8_t* blk, int64_t nsub, int64_t b, __m512* dw, __m512* mw) {
   using P = Packed<T>;
   const uint8_t* scales = blk + nsub * P::kCodeBytes;
-  if constexpr (P::kFormat.super) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), 16 rows
-    const uint8_t* head = scales + (b / kSuperSubs) * kSuperHeadBytes;
+  if constexpr (P::kSix) {  // Q6_K: d * sc[2 j], d * sc[2 j + 1]
+    const uint8_t* head = scales + (b / kSuperSubs) * P::kFormat.super_head_bytes;
+    const int64_t j = b % kSuperSubs;
+    auto bytes = [&](int64_t at) {
+      return _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(head + at))));
+    };
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head)));
+    *dw = _mm512_mul_ps(d, bytes(32 + 32 * j));
+    *mw = _mm512_mul_ps(d, bytes(48 + 32 * j));
+    return;
+  }
+  if constexpr (P::kFormat.super()) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), 16 rows
+    const uint8_t* head = scales + (b / kSuperSubs) * P::kFormat.super_head_bytes;
     const int64_t j = b % kSuperSubs;
     auto bytes = [&](int64_t at) {
       return _mm512_cvtepi32_ps(
@@ -322,6 +450,7 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
   const int8_t* xt = a.qt + tile * nsub * 256;
   const float* dt = a.dt + tile * nsub * kMaxTile;
   const float* et = a.et + tile * nsub * kMaxTile;
+  const float* et2 = P::kSix ? a.et2 + tile * nsub * kMaxTile : nullptr;
   // The two loops over R outside the steps are unrolled too: left rolled (R >= 6), GCC kept
   // copies of even / odd on the stack and zeroed them with two `rep stos` per block (8-token
   // pass 0.95-0.98x of the time without them, paired A/B).
@@ -349,12 +478,28 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
                       et + b * kMaxTile, facc);
     }
   };
-  int64_t b = 0;
-  for (; b + 2 <= nsub; b += 2) {
-    step(b, even);
-    step(b + 1, odd);
+  if constexpr (P::kSix) {  // both chains in every sub-block (its two halves of 16)
+    for (int64_t b = 0; b < nsub; ++b) {
+      __m512 dwa, dwb;
+      prefetch();
+      sub_block_scales<T>(blk, nsub, b, &dwa, &dwb);
+      const uint8_t* codes = blk + b * P::kCodeBytes;
+      const int64_t at = b * kMaxTile;
+      if constexpr (kPairs) {
+        sub_block_six_pairs<R / 2>(codes, dwa, dwb, xt + b * 256, dt + at, et + at, et2 + at, even,
+                                   odd);
+      } else {
+        sub_block_six<R>(codes, dwa, dwb, xt + b * 256, dt + at, et + at, et2 + at, even, odd);
+      }
+    }
+  } else {
+    int64_t b = 0;
+    for (; b + 2 <= nsub; b += 2) {
+      step(b, even);
+      step(b + 1, odd);
+    }
+    if (b < nsub) step(b, even);
   }
-  if (b < nsub) step(b, even);
   const auto mask = static_cast<__mmask16>((1u << valid) - 1);
   if constexpr (kPairs) {
     // Token pairs back into rows of 16 outputs: h = 0 holds rows 4k, 4k + 2 of 128-bit lane k,
@@ -458,13 +603,14 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
   const size_t qt_bytes = r64(a.tiles * a.nsub * 256);
   const size_t t_bytes = r64(a.tiles * a.nsub * kMaxTile * 4);
   auto* mem = static_cast<uint8_t*>(
-      thread_scratch(kScratchActivations).get(q_bytes + 3 * d_bytes + qt_bytes + 2 * t_bytes));
+      thread_scratch(kScratchActivations).get(q_bytes + 3 * d_bytes + qt_bytes + 3 * t_bytes));
   a.q = reinterpret_cast<int8_t*>(mem);
   a.d = reinterpret_cast<float*>(mem += q_bytes);
   a.s16 = reinterpret_cast<int32_t*>(mem += d_bytes);  // 2 d_bytes
   a.qt = reinterpret_cast<int8_t*>(mem += 2 * d_bytes);
   a.dt = reinterpret_cast<float*>(mem += qt_bytes);
   a.et = reinterpret_cast<float*>(mem += t_bytes);
+  a.et2 = reinterpret_cast<float*>(mem += t_bytes);
 
   const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
   if (pool == nullptr || pool->size() == 1) {
@@ -511,6 +657,8 @@ void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, floa
       return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool, glu);
     case GgmlType::kQ4_K:
       return packed_matmul<GgmlType::kQ4_K>(w, x, n, y, pool, glu);
+    case GgmlType::kQ6_K:
+      return packed_matmul<GgmlType::kQ6_K>(w, x, n, y, pool, glu);
     default:
       SPECDEC_CHECK(false, "packed_matmul_avx512: type has no packed layout");
   }

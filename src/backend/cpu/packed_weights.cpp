@@ -1,4 +1,4 @@
-// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K matrices into the row-interleaved layout of
+// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrices into the row-interleaved layout of
 // packed_weights.h. Plain scalar byte moves: packing runs once at load time (~0.1 s for
 // SmolLM2-135M).
 #include "backend/cpu/packed_weights.h"
@@ -23,13 +23,13 @@ namespace {
 // holds elements 4 v + k and 16 + 4 v + k).
 void pack_block_q4_k(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t* out) {
   const int64_t nsub = w.cols / kQK;
-  uint8_t* heads = out + nsub * 256;  // [nsub / 8][kSuperHeadBytes]
+  uint8_t* heads = out + nsub * 256;  // [nsub / 8][320]
   for (int64_t r = 0; r < count; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + (row0 + r) * w.row_bytes;
     for (int64_t s = 0; s < nsub / kSuperSubs; ++s) {
       BlockQ4_K blk;
       std::memcpy(&blk, row + s * static_cast<int64_t>(sizeof(BlockQ4_K)), sizeof blk);
-      uint8_t* head = heads + s * kSuperHeadBytes;
+      uint8_t* head = heads + s * 320;
       std::memcpy(head + 2 * r, &blk.d, 2);
       std::memcpy(head + 32 + 2 * r, &blk.dmin, 2);
       for (int j = 0; j < kSuperSubs; ++j) {
@@ -49,10 +49,51 @@ void pack_block_q4_k(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t
   }
 }
 
+// Q6_K rows [row0, row0 + count) into block `out` (see packed_weights.h). Element e = 128 h +
+// 32 g + l of a super-block (half h, group g 0..3, l 0..31) has the low 4 bits
+// ql[64 h + l + 32 (g & 1)] (low nibble for g < 2, else high) and the high 2 bits
+// qh[32 h + l] >> 2 g: it is element l of sub-block 4 h + g.
+void pack_block_q6_k(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t* out) {
+  const int64_t nsub = w.cols / kQK;
+  uint8_t* heads = out + nsub * 384;  // [nsub / 8][288]
+  for (int64_t r = 0; r < count; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + (row0 + r) * w.row_bytes;
+    for (int64_t s = 0; s < nsub / kSuperSubs; ++s) {
+      BlockQ6_K blk;
+      std::memcpy(&blk, row + s * static_cast<int64_t>(sizeof(BlockQ6_K)), sizeof blk);
+      uint8_t* head = heads + s * 288;
+      std::memcpy(head + 2 * r, &blk.d, 2);
+      for (int k = 0; k < 16; ++k) head[32 + 16 * k + r] = static_cast<uint8_t>(blk.scales[k]);
+      for (int u = 0; u < kSuperSubs; ++u) {
+        const int h = u / 4, g = u % 4;
+        uint8_t q[32];  // codes 0..63 of sub-block 8 s + u
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t low_byte = blk.ql[64 * h + l + 32 * (g & 1)];
+          const int low = g < 2 ? (low_byte & 0xf) : (low_byte >> 4);
+          q[l] = static_cast<uint8_t>(low | (((blk.qh[32 * h + l] >> (2 * g)) & 3) << 4));
+        }
+        uint8_t* codes = out + (kSuperSubs * s + u) * 384;
+        for (int v = 0; v < 4; ++v) {
+          for (int k = 0; k < 4; ++k) {
+            const int lo = q[4 * v + k], hi = q[16 + 4 * v + k];
+            codes[64 * v + 4 * r + k] = static_cast<uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
+            codes[256 + 64 * (v % 2) + 4 * r + k] |=
+                static_cast<uint8_t>(((lo >> 4) | ((hi >> 4) << 2)) << (4 * (v / 2)));
+          }
+        }
+      }
+    }
+  }
+}
+
 // Rows [row0, row0 + count) of `w` (count <= 16; missing rows stay zero) into block `out`.
 void pack_block(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t* out) {
   const PackedFormat f = packed_format(w.type);
-  if (f.super) {
+  if (f.six_bit) {
+    pack_block_q6_k(w, row0, count, out);
+    return;
+  }
+  if (f.super()) {
     pack_block_q4_k(w, row0, count, out);
     return;
   }
@@ -89,8 +130,8 @@ int64_t packed_block_bytes(GgmlType type, int64_t cols) {
   const PackedFormat f = packed_format(type);
   if (f.code_bytes == 0) return 0;
   const int64_t nsub = cols / kQK;
-  const int64_t bytes = f.super ? nsub * f.code_bytes + nsub / kSuperSubs * kSuperHeadBytes
-                                : nsub * (f.code_bytes + 32 * (f.has_min ? 2 : 1));
+  const int64_t bytes = f.super() ? nsub * f.code_bytes + nsub / kSuperSubs * f.super_head_bytes
+                                  : nsub * (f.code_bytes + 32 * (f.has_min ? 2 : 1));
   return (bytes + 63) / 64 * 64;
 }
 
@@ -106,12 +147,16 @@ PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPoo
     throw Error(std::string("PackedWeights::pack: type ") + ggml_type_traits(first.type).name +
                 " has no packed layout");
   }
+  if (packed_format(first.type).six_bit && parts.size() > 1) {
+    // The AVX2 kernels multiply Q6_K from the file's rows, which a stack does not keep.
+    throw Error("PackedWeights::pack: Q6_K matrices are packed one by one, not stacked");
+  }
   PackedWeights out;
   int64_t blocks = 0;
   for (size_t k = 0; k < parts.size(); ++k) {
     const WeightMatrix& p = parts[k];
     if (p.type != first.type || p.cols != first.cols || p.data == nullptr ||
-        p.cols % (packed_format(p.type).super ? kQK_K : kQK) != 0 ||
+        p.cols % (packed_format(p.type).super() ? kQK_K : kQK) != 0 ||
         p.row_bytes != ggml_row_bytes(p.type, p.cols) || p.rows <= 0) {
       throw Error("PackedWeights::pack: parts must be valid matrices of one type and width");
     }
@@ -188,8 +233,19 @@ void packed_element(const WeightMatrix& w, int64_t r, int64_t k, uint8_t* code, 
     *code = e < 16 ? byte & 0x0f : byte >> 4;
   }
   uint16_t h;
-  if (f.super) {  // dw = d * sc, mw = -(dmin * mn), as the sub-block view forms them
-    const uint8_t* head = blk + nsub * f.code_bytes + (b / kSuperSubs) * kSuperHeadBytes;
+  if (f.six_bit) {  // the 16-element sub-block of e: dw = d * sc, as the sub-block view forms it
+    const uint8_t hb = codes[256 + 64 * (((e % 16) / 4) % 2) + 4 * lane + e % 4];
+    const int shift = 4 * (((e % 16) / 4) / 2) + (e < 16 ? 0 : 2);
+    *code = static_cast<uint8_t>(*code | (((hb >> shift) & 3) << 4));
+    const uint8_t* head = blk + nsub * f.code_bytes + (b / kSuperSubs) * f.super_head_bytes;
+    std::memcpy(&h, head + 2 * lane, 2);
+    const int64_t sub16 = 2 * (b % kSuperSubs) + (e < 16 ? 0 : 1);
+    *dw = fp16_to_fp32(h) * static_cast<float>(static_cast<int8_t>(head[32 + 16 * sub16 + lane]));
+    *mw = 0.0f;
+    return;
+  }
+  if (f.super()) {  // dw = d * sc, mw = -(dmin * mn), as the sub-block view forms them
+    const uint8_t* head = blk + nsub * f.code_bytes + (b / kSuperSubs) * f.super_head_bytes;
     const int64_t j = b % kSuperSubs;
     uint16_t hm;
     std::memcpy(&h, head + 2 * lane, 2);

@@ -1,11 +1,11 @@
-// Row-interleaved ("packed") weights: a load-time copy of a Q4_0 / Q4_1 / Q8_0 / Q4_K matrix laid
-// out for the AVX-512 kernels, so that one vector load yields the codes of 16 weight rows at once
-// and a single broadcast activation group feeds a dot product against all 16 (lane r = weight row
-// r). The AVX2 kernels (matmul_packed_avx2.cpp) read the same layout as two halves of 8 rows: bytes
-// [32 h, 32 h + 32) of each 64-byte code vector, and 8 of the 16 f16 scales.
-// A pass over k activation rows then unpacks each weight once, keeps it in registers for all k
-// rows, and needs no horizontal reductions; this is what makes a verification pass over 8 tokens
-// cost little more than a decode step over 1.
+// Row-interleaved ("packed") weights: a load-time copy of a Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrix
+// laid out for the AVX-512 kernels, so that one vector load yields the codes of 16 weight rows at
+// once and a single broadcast activation group feeds a dot product against all 16 (lane r = weight
+// row r). The AVX2 kernels (matmul_packed_avx2.cpp) read the same layout as two halves of 8 rows:
+// bytes [32 h, 32 h + 32) of each 64-byte code vector, and 8 of the 16 f16 scales. A pass over k
+// activation rows then unpacks each weight once, keeps it in registers for all k rows, and needs no
+// horizontal reductions; this is what makes a verification pass over 8 tokens cost little more than
+// a decode step over 1.
 //
 // Layout. Rows are grouped in blocks of 16 (the last one padded with zero rows). With
 // nsub = cols / 32 sub-blocks per row, one block of 16 rows is `packed_block_bytes` bytes:
@@ -19,13 +19,23 @@
 //       32-byte run; the packer moves them to the layout above);
 //   d      [nsub][16] f16      the block scale of each row (GGML's f16, unchanged)
 //   m      [nsub][16] f16      the block min (Q4_1 only)
-//   Q4_K instead of d and m: per super-block of 256 elements (8 sub-blocks), kSuperHeadBytes:
+//     Q6_K (kCodeBytes 384): 256 bytes of the low 4 bits as above, then 2 vectors of the high
+//       2 bits: in byte 4 r + k of vector w (0, 1), bits 0-1 / 2-3 belong to the low / high
+//       nibble of byte 4 r + k of code vector w, bits 4-5 / 6-7 to those of code vector w + 2
+//       (code = nibble | high << 4, 0..63; the kernels subtract the offset 32 as for Q4_0's 8).
+//       Sub-block b of 32 is GGML's sub-blocks 2 b (elements 0-15: the low nibbles) and 2 b + 1
+//       (16-31: the high nibbles), each with its own scale;
+//   Q4_K instead of d and m: per super-block of 256 elements (8 sub-blocks), 320 bytes:
 //     d    [16] f16     the super-block scale of each row
 //     dmin [16] f16     the super-block scale of the mins
 //     sc   [8][16] u8   the 6-bit sub-block scales (get_scale_min_k4 unpacked: 16 bytes where
 //     mn   [8][16] u8   GGML's 12 pack them, 2.8% more bytes than the file), sub-block j's mins
 //     so that the sub-block view's dw = d * sc[j] and mw = -(dmin * mn[j]) are formed in the
 //     kernels with the reference's float products.
+//   Q6_K instead of d: per super-block, 288 bytes: d [16] f16, then sc [16][16] i8 (GGML's 16
+//     scales of 16 elements; dw = d * sc[s] as in the sub-block view). The AVX-512 kernels read
+//     this layout; the AVX2 ones multiply Q6_K from the file's rows (a Q6_K copy is never
+//     stacked, so they always exist).
 //   padding to a multiple of 64 bytes.
 // The values are exactly GGML's: the same codes and f16 scales, so the kernels run the arithmetic
 // of quant_kernels.h unchanged and equal the scalar reference bit for bit.
@@ -51,11 +61,14 @@ struct PackedFormat {
   int64_t head_bytes = 0;  // bytes before the codes in a GGML block (f16 d, f16 m)
   bool has_min = false;    // an f16 min per block follows the scales
   bool eight_bit = false;  // codes are whole bytes (else two nibble groups per byte)
-  bool super = false;      // K-quant: scales per super-block of 8 sub-blocks (Q4_K)
+  // K-quants: bytes of the scales of one super-block (8 sub-blocks of 32), 16 rows; 0: scales
+  // per sub-block (d, m above)
+  int64_t super_head_bytes = 0;
+  bool six_bit = false;  // Q6_K: 2 high bits per code after the nibbles, scales per 16 elements
+  constexpr bool super() const { return super_head_bytes != 0; }
 };
 
-inline constexpr int64_t kSuperHeadBytes = 320;  // Q4_K scales of one super-block, 16 rows
-inline constexpr int64_t kSuperSubs = 8;         // sub-blocks of 32 per super-block
+inline constexpr int64_t kSuperSubs = 8;  // sub-blocks of 32 per super-block
 
 constexpr PackedFormat packed_format(GgmlType type) {
   switch (type) {
@@ -66,7 +79,9 @@ constexpr PackedFormat packed_format(GgmlType type) {
     case GgmlType::kQ8_0:
       return {512, 2, false, true};
     case GgmlType::kQ4_K:
-      return {256, 0, true, false, true};
+      return {256, 0, true, false, 320, false};
+    case GgmlType::kQ6_K:
+      return {384, 0, false, false, 288, true};
     default:
       return {};
   }

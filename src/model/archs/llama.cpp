@@ -154,11 +154,11 @@ void LlamaModel::load_weights() {
   pack_weights();
 }
 
-// On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q8_0 / Q4_K matrices get a packed
-// copy (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each (AVX-512 passes use
-// the stacks; AVX2 passes below kPackedPanelMinRows rows too, larger ones multiply each part from
-// the file's rows). The file's own bytes stay mapped for the other kernels (prefill on AVX2, and
-// the embedding lookup). SPECDEC_PACKED_WEIGHTS=0 turns packing off (for comparisons).
+// On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrices get a
+// packed copy (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each (AVX-512
+// passes use the stacks; AVX2 passes below kPackedPanelMinRows rows too, larger ones multiply each
+// part from the file's rows). The file's own bytes stay mapped for the other kernels (prefill on
+// AVX2, and the embedding lookup). SPECDEC_PACKED_WEIGHTS=0 turns packing off (for comparisons).
 void LlamaModel::pack_weights() {
   const char* env = std::getenv("SPECDEC_PACKED_WEIGHTS");
   if (!isa_supported(Isa::kAvx2) || (env != nullptr && std::strcmp(env, "0") == 0)) return;
@@ -183,7 +183,10 @@ void LlamaModel::pack_weights() {
     const WeightMatrix& first = **parts.begin();
     size_t k = 0;
     for (const WeightMatrix* m : parts) {
-      if (!packable(m->type) || m->type != first.type || m->cols != first.cols) return false;
+      if (!packable(m->type) || m->type != first.type || m->cols != first.cols ||
+          packed_format(m->type).six_bit) {  // Q6_K: one by one (packed_weights.h)
+        return false;
+      }
       if (++k < parts.size() && m->rows % kPackRows != 0) return false;
     }
     return true;
