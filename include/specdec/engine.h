@@ -109,7 +109,8 @@ struct Request {
   int logprobs = -1;                 // -1: none; k in [0, 20]: each token's and the k best
   SpecParams spec;
   // Called on the stepping thread with each step's new tokens and at the end (finished = true,
-  // exactly once). Returning false cancels the request.
+  // exactly once). Returning false cancels the request; so does throwing (the exception is
+  // dropped: the engine and the other requests go on).
   std::function<bool(const RequestOutput&)> on_output;
 };
 
@@ -206,7 +207,8 @@ class Engine {
   bool has_work() const;
 
   // The loop thread: steps while there is work, sleeps otherwise. stop() cancels nothing: it
-  // returns after the current step.
+  // returns after the current step; requests still in the engine, and any submitted after it,
+  // wait for the next start() or step().
   void start();
   void stop();
 

@@ -100,6 +100,7 @@ class Engine::Impl {
   // empty.
   void after_pass(Entry& e, std::span<const float> logits, std::span<const float> hidden);
   void deliver();
+  bool call_output(Sequence& s) noexcept;
   void take_incoming();
   void update_stats();
   int32_t sample_first(Sequence& s, std::span<const float> logits);
@@ -292,9 +293,21 @@ SubmitResult Engine::Impl::check_request(const Request& r) const {
       return refuse("medusa_tree", e.what());
     }
   }
-  if (sp.method == SpecMethod::kDraft && config_.draft_model == nullptr) {
-    return refuse("spec",
-                  "speculation with a draft model needs a draft model loaded (--draft-model)");
+  if (sp.method == SpecMethod::kDraft) {
+    if (config_.draft_model == nullptr) {
+      return refuse("spec",
+                    "speculation with a draft model needs a draft model loaded (--draft-model)");
+    }
+    // NaN passes the draft decoder's range checks and a negative-means-default test.
+    if (!(sp.draft_p_min >= 0.0f && sp.draft_p_min <= 1.0f)) {
+      return refuse("draft_p_min",
+                    fmt::format("draft_p_min must be in [0, 1], got {}", sp.draft_p_min));
+    }
+    if (!std::isfinite(sp.draft_temp)) {
+      return refuse("draft_temp", fmt::format("draft_temp must be a finite number (< 0: the "
+                                              "request's temperature), got {}",
+                                              sp.draft_temp));
+    }
   }
   if (!r.stop.empty() && tokenizer_ == nullptr) return refuse("stop", "stop strings need a tokenizer");
   return {};
@@ -713,8 +726,7 @@ void Engine::Impl::deliver() {
   for (Sequence* s : touched) {
     if (s->out.tokens.empty() && s->out.text.empty() && !s->out.finished) continue;
     s->out.stats = s->stats;
-    bool keep_going = true;
-    if (s->request.on_output) keep_going = s->request.on_output(s->out);
+    const bool keep_going = call_output(*s);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.tokens_generated += static_cast<int64_t>(s->out.tokens.size());
@@ -726,7 +738,7 @@ void Engine::Impl::deliver() {
       finish(*s, StopReason::kCancelled);
       s->out.stats = s->stats;
       touched_.clear();
-      if (s->request.on_output) s->request.on_output(s->out);
+      call_output(*s);
     }
     if (s->out.finished) {
       --work_;
@@ -736,6 +748,18 @@ void Engine::Impl::deliver() {
       }
       seqs_.erase(s->id);
     }
+  }
+}
+
+// The request's callback (user code): an exception it throws must not unwind through the step
+// (that would leave the other requests' outputs undelivered and, on the loop thread, end the
+// process); it counts as the callback asking to stop.
+bool Engine::Impl::call_output(Sequence& s) noexcept {
+  if (!s.request.on_output) return true;
+  try {
+    return s.request.on_output(s.out);
+  } catch (...) {
+    return false;
   }
 }
 

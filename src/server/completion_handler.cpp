@@ -120,7 +120,8 @@ ApiError submit_error(const SubmitResult& refused, ApiKind kind) {
   if (param == "logprobs" && chat) param = "top_logprobs";
   // The server's own settings (speculation) or its failure: not the client's fault.
   if (refused.code == "internal_error" || param == "num_draft" || param == "tree" ||
-      param == "ngram" || param == "spec") {
+      param == "ngram" || param == "spec" || param == "beams" || param == "medusa_tree" ||
+      param == "draft_p_min" || param == "draft_temp") {
     ApiError e;
     e.status = 500;
     e.type = "server_error";
