@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -16,12 +18,18 @@
 
 namespace specdec::cli {
 
-std::string resolve_model_path(const std::string& flag_value) {
+std::string resolve_model_path(const std::string& flag_value, const char* option) {
   struct stat st;
   if (!flag_value.empty()) {
     // A known name (scripts/fetch-model.sh NAME) unless a file of that name is in the way.
     const std::string known = known_model_path(flag_value);
-    if (known.empty() || ::stat(flag_value.c_str(), &st) == 0) return flag_value;
+    if (::stat(flag_value.c_str(), &st) == 0) return flag_value;
+    if (known.empty()) {
+      // Said here, before anything is loaded or bound (serve would listen first otherwise).
+      throw Error(fmt::format("{} {}: no such file (a GGUF model file, or a name that "
+                              "scripts/fetch-model.sh knows)",
+                              option, flag_value));
+    }
     if (::stat(known.c_str(), &st) != 0) {
       throw Error(fmt::format(
           "model '{}' is not at {}; run scripts/fetch-model.sh {} to download it", flag_value,
@@ -74,6 +82,21 @@ std::unique_ptr<Model> load_model_with_progress(const std::string& path, bool qu
     fmt::print(stderr, "\rloaded {} in {:.2f} s\n{}\n", path, secs, model->config().summary());
   }
   return model;
+}
+
+const CLI::Validator& finite_number() {
+  static const CLI::Validator check(
+      [](std::string& value) -> std::string {
+        const char* begin = value.c_str();
+        char* end = nullptr;
+        const double v = std::strtod(begin, &end);
+        if (end == begin || *end != '\0' || !std::isfinite(v)) {
+          return "Value " + value + " is not a finite number";
+        }
+        return {};
+      },
+      "FINITE", "finite");
+  return check;
 }
 
 void add_device_option(CLI::App* cmd, std::string* value) {

@@ -101,7 +101,7 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
 std::unique_ptr<Model> load_draft_model(const SpecOptions& o, bool quiet, Device device) {
   if (o.spec != "draft") return nullptr;
   if (o.draft_model.empty()) throw Error("--spec draft needs --draft-model PATH");
-  return load_model_with_progress(resolve_model_path(o.draft_model), quiet, device);
+  return load_model_with_progress(resolve_model_path(o.draft_model, "--draft-model"), quiet, device);
 }
 
 }  // namespace specdec::cli

@@ -51,6 +51,11 @@ std::vector<int32_t> build_prompt(const Tokenizer& tok, const GenerateOptions& o
 
 void run_generate(GenerateOptions& o, bool pool_size_given) {
   const bool json = o.output_format == "json";
+  // Option errors first, before the model is loaded.
+  o.sampling.validate();
+  std::string spec_desc;
+  Request request;
+  request.spec = make_spec_params(o.spec, &spec_desc);
   const std::string path = resolve_model_path(o.model);
   const auto t_load0 = std::chrono::steady_clock::now();
   const Device device = device_from_option(o.device);
@@ -61,10 +66,6 @@ void run_generate(GenerateOptions& o, bool pool_size_given) {
   const std::vector<int32_t> prompt = build_prompt(*tok, o);
   const int64_t ctx = std::min<int64_t>(o.ctx_size, model->config().n_ctx_train);
   ThreadPool pool(compute_threads(o.threads));
-  o.sampling.validate();
-  std::string spec_desc;
-  Request request;
-  request.spec = make_spec_params(o.spec, &spec_desc);
   std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false, device);
   const std::unique_ptr<ReDrafterHead> head = load_drafter_head(o.spec, *model, /*quiet=*/false);
   const std::unique_ptr<MedusaHeads> medusa = load_medusa_heads(o.spec, *model, /*quiet=*/false);
@@ -180,7 +181,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--repeat-last-n", o->sampling.repeat_last_n, "Tokens the penalty looks back over")
       ->capture_default_str();
   cmd->add_option("--seed", o->sampling.seed, "Random seed (runs replay exactly)")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (default, or 0: all cores)")
+      ->check(CLI::Range(0, 1 << 16));
   cmd->add_option("-c,--ctx-size", o->ctx_size, "Context size in tokens (capped at the model's)")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");

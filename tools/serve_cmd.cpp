@@ -194,6 +194,7 @@ void run_serve(ServeOptions o) {
   std::optional<ChatTemplate> chat_template;
   if (!o.chat_template.empty()) chat_template = load_chat_template(o.chat_template);
   const std::string path = resolve_model_path(o.model);
+  if (!o.spec.draft_model.empty()) resolve_model_path(o.spec.draft_model, "--draft-model");
   if (o.api_key.empty()) {
     if (const char* env = std::getenv("SPECDEC_API_KEY")) o.api_key = env;
   }
@@ -252,7 +253,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--chat-template", o->chat_template,
                   "Chat template: a file with a Jinja template of a known format, or chatml, "
                   "llama2, llama3, gemma, phi3 (default: the model's)");
-  cmd->add_option("-t,--threads", o->threads, "Compute threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Compute threads (default, or 0: all cores)")
+      ->check(CLI::Range(0, 1 << 16));
   cmd->add_option("--http-threads", o->http_threads,
                   "HTTP connection threads (default: min(--max-queue, 256) + 8)")
       ->check(CLI::Range(1, 4096));
@@ -266,6 +268,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout,
                   "Seconds in-flight requests may run on after SIGINT / SIGTERM")
       ->check(CLI::Range(0.0, 3600.0))
+      ->check(finite_number())
       ->capture_default_str();
   cmd->add_flag("-v,--verbose", o->verbose, "Log every HTTP request on stderr");
   add_kv_type_option(cmd, &o->kv_type);

@@ -47,9 +47,10 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o) {
       ->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--draft-p-min", o->draft_p_min,
                   "Stop a draft when the draft model's top probability falls below this")
-      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+      ->check(CLI::Range(0.0, 1.0))->check(finite_number())->capture_default_str();
   cmd->add_option("--draft-temp", o->draft_temp,
-                  "Draft model temperature (default: the target's; 0 drafts greedily)");
+                  "Draft model temperature (default: the target's; 0 drafts greedily)")
+      ->check(finite_number());
 }
 
 namespace {
@@ -144,7 +145,7 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
   if (o.spec == "draft") {
     if (o.draft_model.empty()) throw Error("--spec draft needs --draft-model PATH");
     setup.draft_model =
-        load_model_with_progress(resolve_model_path(o.draft_model), quiet, device);
+        load_model_with_progress(resolve_model_path(o.draft_model, "--draft-model"), quiet, device);
     setup.draft_token_cost = static_cast<double>(setup.draft_model->weight_bytes()) /
                              static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
     DraftModelConfig c;

@@ -393,17 +393,17 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--batch", o->train.batch, "Positions per update")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--lr", o->train.lr, "Peak learning rate (AdamW)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)->check(finite_number())->capture_default_str();
   cmd->add_option("--lr-min", o->train.lr_min, "Learning rate at the end of the cosine")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)->check(finite_number())->capture_default_str();
   cmd->add_option("--warmup", o->train.warmup, "Warmup updates (-1: 2% of all, 1..500)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40))->capture_default_str();
   cmd->add_option("--weight-decay", o->train.adam.weight_decay, "AdamW weight decay (matrices)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)->check(finite_number())->capture_default_str();
   cmd->add_option("--clip", o->train.clip, "Global gradient-norm clip (0: none)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)->check(finite_number())->capture_default_str();
   cmd->add_option("--init-scale", o->init_scale, "Random matrices: std = scale / sqrt(fan_in)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)->check(finite_number())->capture_default_str();
   cmd->add_option("--init-out", o->init_out,
                   "lm_head's start: random (std 1/sqrt(width)), zero (uniform drafts at first), "
                   "or target (the target's output rows of the draft vocabulary)")
@@ -413,7 +413,7 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--eval-fraction", o->train.eval_fraction, "Sequences held out for evaluation")
-      ->check(CLI::Range(0.0, 0.5))->capture_default_str();
+      ->check(CLI::Range(0.0, 0.5))->check(finite_number())->capture_default_str();
   cmd->add_option("--eval-every", o->train.eval_every, "Updates between evaluations (0: ten a run)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--max-eval-positions", o->train.max_eval_positions,
