@@ -85,8 +85,8 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
     }
     return;
   }
-  // The AVX2 kernels read no Q6_K packed copy: they multiply its file rows (always kept).
-  if (isa == Isa::kAvx2 && w.packed != nullptr && !packed_format(w.type).six_bit &&
+  // The AVX2 kernels read no Q5_0 / Q5_1 / Q6_K packed copy: they multiply its file rows.
+  if (isa == Isa::kAvx2 && w.packed != nullptr && avx2_reads_packed(w.type) &&
       (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
     SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");
     detail::packed_matmul_avx2(w, x, n, y, pool);
@@ -145,7 +145,7 @@ void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes) {
   if (w.packed == nullptr) return;
   if (active_isa() == Isa::kAvx512) {
     detail::packed_prefetch_avx512(w, ti, nt, max_bytes);
-  } else if (active_isa() == Isa::kAvx2 && !packed_format(w.type).six_bit) {
+  } else if (active_isa() == Isa::kAvx2 && avx2_reads_packed(w.type)) {
     detail::packed_prefetch_avx2(w, ti, nt, max_bytes);
   }
 }

@@ -812,9 +812,13 @@ void build_panel_packed(const WeightMatrix& w, int64_t row0, int64_t valid, cons
         if (kEightBit) {
           _mm512_store_si512(dst + g * kPanelVecs * 64, raw);
         } else {
-          _mm512_store_si512(dst + g * kPanelVecs * 64, _mm512_and_si512(raw, low));
-          _mm512_store_si512(dst + (g + 4) * kPanelVecs * 64,
-                             _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+          __m512i lo = _mm512_and_si512(raw, low);
+          __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+          if constexpr (kFormat.five_bit) {
+            avx512::fifth_bits(_mm512_load_si512(codes + 256), g, &lo, &hi);
+          }
+          _mm512_store_si512(dst + g * kPanelVecs * 64, lo);
+          _mm512_store_si512(dst + (g + 4) * kPanelVecs * 64, hi);
         }
       }
       if constexpr (kFormat.super()) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j])

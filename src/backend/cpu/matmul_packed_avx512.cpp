@@ -58,7 +58,8 @@ struct Packed {
   static constexpr PackedFormat kFormat = packed_format(T);
   static_assert(kFormat.code_bytes != 0, "no packed layout for this type");
   static constexpr bool kMin = kFormat.has_min, kEightBit = kFormat.eight_bit;
-  static constexpr bool kSix = kFormat.six_bit;  // Q6_K: two sub-blocks of 16 per 32
+  static constexpr bool kSix = kFormat.six_bit;    // Q6_K: two sub-blocks of 16 per 32
+  static constexpr bool kFive = kFormat.five_bit;  // Q5_0 / Q5_1: a 5th bit per code
   static constexpr int kCodeBytes = static_cast<int>(kFormat.code_bytes);
   static constexpr int kOffset = avx512::Weights<T>::kOffset;
 };
@@ -196,11 +197,13 @@ inline void sub_block(const uint8_t* codes, __m512 dw, __m512 mw, const int8_t* 
     }
   } else {
     const __m512i low = _mm512_set1_epi8(0x0f);
+    [[maybe_unused]] const __m512i hb = P::kFive ? _mm512_load_si512(codes + 256) : low;
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const __m512i raw = _mm512_load_si512(codes + 64 * v);
-      const __m512i lo = _mm512_and_si512(raw, low);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+      __m512i lo = _mm512_and_si512(raw, low);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+      if constexpr (P::kFive) avx512::fifth_bits(hb, v, &lo, &hi);
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) acc[i] = dpbusd_bcast(acc[i], lo, xt + 32 * v + 4 * i);
 #pragma GCC unroll 8
@@ -266,9 +269,15 @@ inline void sub_block_pairs(const uint8_t* codes, __m512 dw, __m512 mw, const in
     for (int v = 0; v < 4; ++v) {
       const __m512i d0 = dup(codes + 64 * v, 0);
       const __m512i d1 = dup(codes + 64 * v, 1);
-      group(_mm512_and_si512(d0, low), _mm512_and_si512(d1, low), v);
-      group(_mm512_and_si512(_mm512_srli_epi16(d0, 4), low),
-            _mm512_and_si512(_mm512_srli_epi16(d1, 4), low), v + 4);
+      __m512i lo0 = _mm512_and_si512(d0, low), lo1 = _mm512_and_si512(d1, low);
+      __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(d0, 4), low);
+      __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(d1, 4), low);
+      if constexpr (P::kFive) {
+        avx512::fifth_bits(dup(codes + 256, 0), v, &lo0, &hi0);
+        avx512::fifth_bits(dup(codes + 256, 1), v, &lo1, &hi1);
+      }
+      group(lo0, lo1, v);
+      group(hi0, hi1, v + 4);
     }
   }
 #pragma GCC unroll 2
@@ -655,6 +664,10 @@ void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, floa
       return packed_matmul<GgmlType::kQ4_1>(w, x, n, y, pool, glu);
     case GgmlType::kQ8_0:
       return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool, glu);
+    case GgmlType::kQ5_0:
+      return packed_matmul<GgmlType::kQ5_0>(w, x, n, y, pool, glu);
+    case GgmlType::kQ5_1:
+      return packed_matmul<GgmlType::kQ5_1>(w, x, n, y, pool, glu);
     case GgmlType::kQ4_K:
       return packed_matmul<GgmlType::kQ4_K>(w, x, n, y, pool, glu);
     case GgmlType::kQ6_K:

@@ -114,6 +114,17 @@ void pack_block(const WeightMatrix& w, int64_t row0, int64_t count, uint8_t* out
       } else {
         for (int64_t v = 0; v < 4; ++v) std::memcpy(codes + 64 * v + 4 * r, qs + 4 * v, 4);
       }
+      if (f.five_bit) {  // bit j of GGML's little-endian qh: the 5th bit of element j
+        uint32_t qh;
+        std::memcpy(&qh, qs - 4, 4);
+        for (int v = 0; v < 4; ++v) {
+          for (int k = 0; k < 4; ++k) {
+            codes[256 + 4 * r + k] |= static_cast<uint8_t>(((qh >> (4 * v + k)) & 1) << (2 * v));
+            codes[256 + 4 * r + k] |=
+                static_cast<uint8_t>(((qh >> (16 + 4 * v + k)) & 1) << (2 * v + 1));
+          }
+        }
+      }
       std::memcpy(d_out + b * 32 + 2 * r, blk, 2);
       if (f.has_min) std::memcpy(m_out + b * 32 + 2 * r, blk + 2, 2);
     }
@@ -233,6 +244,11 @@ void packed_element(const WeightMatrix& w, int64_t r, int64_t k, uint8_t* code, 
     *code = e < 16 ? byte & 0x0f : byte >> 4;
   }
   uint16_t h;
+  if (f.five_bit) {
+    const int v = static_cast<int>((e % 16) / 4);
+    const uint8_t hb = codes[256 + 4 * lane + e % 4];
+    *code = static_cast<uint8_t>(*code | (((hb >> (2 * v + (e < 16 ? 0 : 1))) & 1) << 4));
+  }
   if (f.six_bit) {  // the 16-element sub-block of e: dw = d * sc, as the sub-block view forms it
     const uint8_t hb = codes[256 + 64 * (((e % 16) / 4) % 2) + 4 * lane + e % 4];
     const int shift = 4 * (((e % 16) / 4) / 2) + (e < 16 ? 0 : 2);

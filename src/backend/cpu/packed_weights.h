@@ -19,6 +19,9 @@
 //       32-byte run; the packer moves them to the layout above);
 //   d      [nsub][16] f16      the block scale of each row (GGML's f16, unchanged)
 //   m      [nsub][16] f16      the block min (Q4_1 only)
+//     Q5_0 / Q5_1 (kCodeBytes 320): the nibbles as Q4_0 / Q4_1's (GGML's qs), then one vector of
+//       the 5th bits: bit 2 v / 2 v + 1 of byte 4 r + k belongs to the low / high nibble of byte
+//       4 r + k of code vector v (code = nibble | bit << 4, 0..31);
 //     Q6_K (kCodeBytes 384): 256 bytes of the low 4 bits as above, then 2 vectors of the high
 //       2 bits: in byte 4 r + k of vector w (0, 1), bits 0-1 / 2-3 belong to the low / high
 //       nibble of byte 4 r + k of code vector w, bits 4-5 / 6-7 to those of code vector w + 2
@@ -33,9 +36,10 @@
 //     so that the sub-block view's dw = d * sc[j] and mw = -(dmin * mn[j]) are formed in the
 //     kernels with the reference's float products.
 //   Q6_K instead of d: per super-block, 288 bytes: d [16] f16, then sc [16][16] i8 (GGML's 16
-//     scales of 16 elements; dw = d * sc[s] as in the sub-block view). The AVX-512 kernels read
-//     this layout; the AVX2 ones multiply Q6_K from the file's rows (a Q6_K copy is never
-//     stacked, so they always exist).
+//     scales of 16 elements; dw = d * sc[s] as in the sub-block view). A Q6_K copy is never
+//     stacked (the AVX-512 panels of a prefill read its file rows).
+// The AVX-512 kernels read every layout; the AVX2 ones all but Q5_0 / Q5_1 / Q6_K (see
+// avx2_reads_packed).
 //   padding to a multiple of 64 bytes.
 // The values are exactly GGML's: the same codes and f16 scales, so the kernels run the arithmetic
 // of quant_kernels.h unchanged and equal the scalar reference bit for bit.
@@ -64,7 +68,8 @@ struct PackedFormat {
   // K-quants: bytes of the scales of one super-block (8 sub-blocks of 32), 16 rows; 0: scales
   // per sub-block (d, m above)
   int64_t super_head_bytes = 0;
-  bool six_bit = false;  // Q6_K: 2 high bits per code after the nibbles, scales per 16 elements
+  bool six_bit = false;   // Q6_K: 2 high bits per code after the nibbles, scales per 16 elements
+  bool five_bit = false;  // Q5_0 / Q5_1: 1 high bit per code after the nibbles
   constexpr bool super() const { return super_head_bytes != 0; }
 };
 
@@ -78,6 +83,10 @@ constexpr PackedFormat packed_format(GgmlType type) {
       return {256, 4, true, false};
     case GgmlType::kQ8_0:
       return {512, 2, false, true};
+    case GgmlType::kQ5_0:
+      return {320, 6, false, false, 0, false, true};
+    case GgmlType::kQ5_1:
+      return {320, 8, true, false, 0, false, true};
     case GgmlType::kQ4_K:
       return {256, 0, true, false, 320, false};
     case GgmlType::kQ6_K:
@@ -89,6 +98,13 @@ constexpr PackedFormat packed_format(GgmlType type) {
 
 // Types with a packed layout.
 bool packable(GgmlType type);
+
+// Whether the AVX2 kernels read the packed layout of `type`; they multiply Q5_0 / Q5_1 / Q6_K
+// from the file's rows (the parts of a stack keep them; a stacked matrix is AVX-512 only).
+constexpr bool avx2_reads_packed(GgmlType type) {
+  const PackedFormat f = packed_format(type);
+  return f.code_bytes != 0 && !f.six_bit && !f.five_bit;
+}
 
 // Bytes of one block of 16 rows for a row of `cols` elements (0 if the type is not packable).
 int64_t packed_block_bytes(GgmlType type, int64_t cols);

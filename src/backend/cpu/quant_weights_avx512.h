@@ -266,6 +266,19 @@ void k4_scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
   }
 }
 
+// Q5_0 / Q5_1: the 5th bits (vector hb of the packed layout, packed_weights.h, or its duplicated
+// halves) of code vector v added to its low- and high-nibble codes as bit 4. Shifts within 16-bit
+// lanes: bit 4 of either byte comes from the same byte for these distances.
+[[gnu::always_inline]] inline void fifth_bits(__m512i hb, int v, __m512i* lo, __m512i* hi) {
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
+  // bit 2 v (the low nibble's code) and bit 2 v + 1 (the high nibble's) onto bit 4; v is a
+  // constant in the unrolled callers, so these are immediate shifts
+  const __m512i l = v <= 2 ? _mm512_slli_epi16(hb, 4 - 2 * v) : _mm512_srli_epi16(hb, 2 * v - 4);
+  const __m512i h = v <= 1 ? _mm512_slli_epi16(hb, 3 - 2 * v) : _mm512_srli_epi16(hb, 2 * v - 3);
+  *lo = _mm512_or_si512(*lo, _mm512_and_si512(l, bit4));
+  *hi = _mm512_or_si512(*hi, _mm512_and_si512(h, bit4));
+}
+
 // Weight types. Each: kSub, kMin, kOffset (see quant_blocks.h);
 //   kHeadBytes: block size when both headers of a step (f16 d, m at its two blocks' starts) lie
 //     in 32 bytes - the row kernel then reads the scales per step - else 0;

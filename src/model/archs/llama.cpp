@@ -154,11 +154,12 @@ void LlamaModel::load_weights() {
   pack_weights();
 }
 
-// On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrices get a
-// packed copy (packed_weights.h); Q/K/V and gate/up are stacked into one matrix each (AVX-512
-// passes use the stacks; AVX2 passes below kPackedPanelMinRows rows too, larger ones multiply each
-// part from the file's rows). The file's own bytes stay mapped for the other kernels (prefill on
-// AVX2, and the embedding lookup). SPECDEC_PACKED_WEIGHTS=0 turns packing off (for comparisons).
+// On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K
+// matrices get a packed copy (packed_weights.h); Q/K/V and gate/up are stacked into one matrix
+// each (AVX-512 passes use the stacks; AVX2 passes below kPackedPanelMinRows rows too for the
+// types its kernels read packed, avx2_reads_packed; otherwise each part from the file's rows). The
+// file's own bytes stay mapped for the other kernels (prefill on AVX2, and the embedding lookup).
+// SPECDEC_PACKED_WEIGHTS=0 turns packing off (for comparisons).
 void LlamaModel::pack_weights() {
   const char* env = std::getenv("SPECDEC_PACKED_WEIGHTS");
   if (!isa_supported(Isa::kAvx2) || (env != nullptr && std::strcmp(env, "0") == 0)) return;
@@ -375,9 +376,13 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
     dump("attn_norm", l, xn, n, c.dim);
     // The stacked Q/K/V and gate/up matrices exist only packed: AVX-512 reads them at any n,
     // AVX2 below the row count where prefill's tile kernel (on the file's rows) takes over.
-    const bool stack_ok = active_isa() == Isa::kAvx512 ||
-                          (active_isa() == Isa::kAvx2 && n < detail::kPackedPanelMinRows);
-    const bool stacked_qkv = w.qkv.packed != nullptr && stack_ok;
+    auto stack_ok = [&](const WeightMatrix& stack) {
+      return stack.packed != nullptr &&
+             (active_isa() == Isa::kAvx512 ||
+              (active_isa() == Isa::kAvx2 && n < detail::kPackedPanelMinRows &&
+               avx2_reads_packed(stack.type)));
+    };
+    const bool stacked_qkv = stack_ok(w.qkv);
     const int64_t width = c.q_dim() + 2 * kv_row;
     float* qkv = stacked_qkv ? grow(sc.qkv, n * width) : nullptr;  // [n, q_dim + 2 kv_dim]
     if (stacked_qkv) {
@@ -458,7 +463,7 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
       rmsnorm(x + i0 * c.dim, w.ffn_norm, c.rms_eps, i1 - i0, c.dim, xn + i0 * c.dim);
     });
     dump("attn_residual", l, x, n, c.dim);
-    if (w.gate_up.packed != nullptr && stack_ok) {
+    if (stack_ok(w.gate_up)) {
       float* gu = grow(sc.gate_up, n * 2 * c.ffn_dim);  // [n, 2 ffn_dim] gate | up
       matmul(w.gate_up, xn, n, gu, pool);
       if (dump_) {  // the activations exist as floats only for a dump
