@@ -58,10 +58,21 @@ MedusaWeights medusa_from_st(const StFile& f, const std::string& path) {
   }
   std::vector<int32_t> ids = head_draft_vocab(f, path, sh.n_target_vocab);
   sh.n_draft_vocab = static_cast<int>(ids.size());
-  MedusaWeights w = make_medusa(sh, std::move(ids), f.require_meta(path, "specdec.target"));
   const int64_t dim = sh.dim, v = sh.n_draft_vocab;
+  auto require = [&](const std::string& name,
+                     std::initializer_list<int64_t> shape) -> const StTensor& {
+    return f.require(path, name, std::span<const int64_t>(shape.begin(), shape.size()));
+  };
+  // The file's tensors against the metadata's sizes before anything of those sizes is allocated
+  // (a dim that lies would otherwise ask for dim^2 floats per head).
+  for (int k = 0; k < sh.n_heads; ++k) {
+    require(fmt::format("heads.{}.weight", k), {dim, dim});
+    require(fmt::format("heads.{}.bias", k), {dim});
+    require(fmt::format("heads.{}.lm_head", k), {v, dim});
+  }
+  MedusaWeights w = make_medusa(sh, std::move(ids), f.require_meta(path, "specdec.target"));
   auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
-    return f.require(path, name, std::span<const int64_t>(shape.begin(), shape.size())).to_f32();
+    return require(name, shape).to_f32();
   };
   for (int k = 0; k < sh.n_heads; ++k) {
     w.w_res[k] = get(fmt::format("heads.{}.weight", k), {dim, dim});

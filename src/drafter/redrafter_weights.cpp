@@ -72,10 +72,24 @@ ReDrafterWeights redrafter_from_st(const StFile& f, const std::string& path) {
   if (sh.dim <= 0 || sh.state_dim <= 0 || sh.n_target_vocab <= 0) {
     throw Error(fmt::format("{}: empty dimensions in the metadata", path));
   }
-  ReDrafterWeights w = make_redrafter(sh, std::move(ids), f.require_meta(path, "specdec.target"));
   const int64_t s = sh.state_dim, dim = sh.dim, d = sh.width(), v = sh.n_draft_vocab;
+  auto require = [&](const std::string& name,
+                     std::initializer_list<int64_t> shape) -> const StTensor& {
+    return f.require(path, name, std::span<const int64_t>(shape.begin(), shape.size()));
+  };
+  // The file's tensors against the metadata's sizes before anything of those sizes is allocated
+  // (metadata that lies, e.g. 2^24 blocks, would otherwise ask for all the memory there is).
+  require("rnn.w_embed", {s, dim});
+  require("rnn.w_state", {s, s});
+  require("rnn.bias", {s});
+  for (int l = 0; l < sh.n_blocks; ++l) {
+    require(fmt::format("blocks.{}.weight", l), {d, d});
+    require(fmt::format("blocks.{}.bias", l), {d});
+  }
+  require("lm_head.weight", {v, d});
+  ReDrafterWeights w = make_redrafter(sh, std::move(ids), f.require_meta(path, "specdec.target"));
   auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
-    return f.require(path, name, std::span<const int64_t>(shape.begin(), shape.size())).to_f32();
+    return require(name, shape).to_f32();
   };
   w.w_embed = get("rnn.w_embed", {s, dim});
   w.w_state = get("rnn.w_state", {s, s});

@@ -19,6 +19,7 @@
 #include "drafter/medusa_tree.h"
 #include "drafter/medusa_weights.h"
 #include "drafter/redrafter_weights.h"
+#include "drafter/safetensors.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "util/check.h"
@@ -58,6 +59,26 @@ TEST_F(MedusaTest, FileRoundTripAndChecks) {
   EXPECT_THROW(check_medusa_target(other, *model_, path), Error);
   // A ReDrafter loader refuses a Medusa file by name.
   EXPECT_THROW(load_redrafter(path), Error);
+  std::filesystem::remove(path);
+}
+
+// Metadata that claims a larger dim than the tensors have: a specdec::Error before the heads'
+// dim x dim matrices are allocated (2^40 floats: a bad_alloc before).
+TEST_F(MedusaTest, MetadataThatLiesIsAnErrorBeforeAllocating) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("specdec_medusa_lying_" + std::to_string(getpid()))).string();
+  save_medusa(path, heads(2, 40, 3));
+  StFile f = read_safetensors(path);
+  f.metadata["specdec.dim"] = "1048576";
+  write_safetensors(path, f);
+  try {
+    load_medusa(path);
+    ADD_FAILURE() << "a lying dim was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heads.0.weight"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a specdec::Error: " << e.what();
+  }
   std::filesystem::remove(path);
 }
 

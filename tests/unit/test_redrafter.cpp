@@ -164,6 +164,34 @@ TEST(ReDrafterWeights, HeadFileRoundTripAndChecks) {
   std::filesystem::remove(path);
 }
 
+// A head file whose metadata claims sizes its tensors do not have is a specdec::Error naming
+// the tensor, raised before anything of the claimed size is allocated (2^24 x 2^24 floats: a
+// bad_alloc before; a claimed 2^24 blocks filled all the memory of the machine).
+TEST(ReDrafterWeights, MetadataThatLiesIsAnErrorBeforeAllocating) {
+  const std::string path = temp_path("lying_head.safetensors");
+  save_redrafter(path, random_head(64, 32, 2, 40, 512, 8));
+  const StFile good = read_safetensors(path);
+  // (Both dims at once: without the check the first matrix alone is 2^48 floats, refused at
+  // once, so a regression fails here without touching the memory.)
+  using Meta = std::map<std::string, std::string>;
+  for (const Meta& lie : {Meta{{"specdec.state_dim", "16777216"}, {"specdec.dim", "16777216"}},
+                          Meta{{"specdec.n_blocks", "3"}}}) {
+    StFile f = good;
+    for (const auto& [key, value] : lie) f.metadata[key] = value;
+    write_safetensors(path, f);
+    const std::string what = lie.begin()->first + " = " + lie.begin()->second;
+    try {
+      load_redrafter(path);
+      ADD_FAILURE() << what << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": not a specdec::Error: " << e.what();
+    }
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(ReDrafterHead, BatchedStepEqualsTheReference) {
   const int dim = 64, s = 32, vd = 50;
   const ReDrafterWeights w = random_head(dim, s, 2, vd, 512, 11);
