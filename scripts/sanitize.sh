@@ -5,7 +5,13 @@
 #   2. TSan (build-tsan, -DSPECDEC_SANITIZE=thread): the tests labelled *_threads in
 #      CMakeLists.txt (thread pool, parallel kernels, engine submit/cancel), `ctest -L threads`,
 #      but those on SmolLM2 (the same code as the tiny models', too slow under TSan).
-#   3. The libFuzzer targets, 60 s each (scripts/fuzz.sh; SPECDEC_FUZZ_SECONDS to change,
+#   3. TSan over the HTTP server: the pytest server tests against build-tsan/specdec (httplib's
+#      worker threads, the engine loop, streaming, disconnects, shutdown), those that finish in a
+#      few minutes (not the ReDrafter ones on SmolLM2 nor the slow or wall-clock ones named
+#      below); a ThreadSanitizer report fails the test it happened in (tests/server/conftest.py,
+#      suppressions with their reasons in tests/server/tsan.supp). SPECDEC_SKIP_SERVER_TESTS=1
+#      skips it, as it skips scripts/test.sh's pytest.
+#   4. The libFuzzer targets, 60 s each (scripts/fuzz.sh; SPECDEC_FUZZ_SECONDS to change,
 #      SPECDEC_SKIP_FUZZ=1 to skip).
 # Each build lives in its own folder (SPECDEC_ASAN_DIR, SPECDEC_TSAN_DIR), so the normal build/
 # is never touched and a second run rebuilds only what changed. Extra arguments go to both ctest
@@ -41,7 +47,7 @@ log "ASan+UBSan: $((SECONDS - t0)) s"
 t1=$SECONDS
 log "TSan: building the threaded tests in $TSAN_DIR"
 configure "$TSAN_DIR" thread
-cmake --build "$TSAN_DIR" -j"$JOBS" --target specdec_threaded_tests
+cmake --build "$TSAN_DIR" -j"$JOBS" --target specdec_threaded_tests specdec
 # The tests on SmolLM2 (named so, and PrefixReuse1000Tokens) run the same threaded code as the
 # tiny models' with 500x larger matrices, which TSan makes 50x slower (minutes each): they are
 # left to the ASan run, named here.
@@ -50,6 +56,22 @@ log "TSan: ctest -L threads, except the SmolLM2 tests (in the ASan run)"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
   ctest --output-on-failure -j"$JOBS" -L threads -E "SmolLM2|PrefixReuse1000Tokens" "$@") || status=1
 log "TSan: $((SECONDS - t1)) s"
+
+if [ "${SPECDEC_SKIP_SERVER_TESTS:-0}" != "1" ]; then
+  t3=$SECONDS
+  # Left out: the ReDrafter tests (SmolLM2 with its head: minutes under TSan), the tests that
+  # only load SmolLM2, run `specdec generate` on it or send the tiny model many sequential
+  # requests (the same code as the others, slower), and the one that compares wall times
+  # (bench --url's Poisson arrivals). The rest takes ~4 min on 2 cores.
+  SERVER_TSAN_SKIP="not seeded_sampling_replays and not default_max_tokens"
+  SERVER_TSAN_SKIP+=" and not health_is_503 and not poisson_arrivals"
+  SERVER_TSAN_SKIP+=" and not chat_greedy_equals_generate_chat"
+  log "TSan: the server tests against $TSAN_DIR/specdec"
+  SPECDEC_BUILD_DIR="$TSAN_DIR" SPECDEC_SERVER_SANITIZER=thread PYTHONDONTWRITEBYTECODE=1 \
+    python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/server" \
+    --ignore "$ROOT/tests/server/test_redrafter.py" -k "$SERVER_TSAN_SKIP" || status=1
+  log "TSan server tests: $((SECONDS - t3)) s"
+fi
 
 if [ "${SPECDEC_SKIP_FUZZ:-0}" != "1" ]; then
   t2=$SECONDS

@@ -7,6 +7,13 @@ with bounded request counts and timeouts.
 Environment: SPECDEC_BUILD_DIR (default build/), SPECDEC_SHARED_DIR (default ../shared: the tiny
 models), SPECDEC_CACHE (default ~/.cache/specdec: the default model, SmolLM2, which has a chat
 template; the tiny model has none).
+
+SPECDEC_SERVER_SANITIZER=thread: the binary was built with ThreadSanitizer (build-tsan/, see
+scripts/sanitize.sh). Every specdec process the tests start then writes its reports to files
+(TSAN_OPTIONS log_path, halt_on_error=0: the server goes on, so later tests still run), with
+tests/server/tsan.supp as suppressions; a test during which a new report appears (in those files
+or in a server's log) fails with the report, and so does the session's end when one appears
+while the servers shut down. The servers then get a 32 MiB KV pool unless a test sets one.
 """
 from __future__ import annotations
 
@@ -32,6 +39,13 @@ CACHE = Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")
 DEFAULT_MODEL = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 START_TIMEOUT_S = 60
+SANITIZER = os.environ.get("SPECDEC_SERVER_SANITIZER", "")
+if SANITIZER not in ("", "thread"):
+    raise RuntimeError(f"SPECDEC_SERVER_SANITIZER={SANITIZER!r}: use thread or nothing")
+TSAN_SUPPRESSIONS = Path(__file__).resolve().parent / "tsan.supp"
+SANITIZER_MARK = "WARNING: ThreadSanitizer"
+# Every Server started in this session (their logs are scanned for sanitizer reports).
+SERVERS: list["Server"] = []
 
 
 class Server:
@@ -41,9 +55,15 @@ class Server:
         self.args = args
         self.log_path = log_path
         self.log = open(log_path, "wb")
+        if SANITIZER and "--kv-cache-mib" not in args:
+            # TSan shadows every byte of the KV pool: the default 256 MiB make a server of the
+            # tiny model take 1.6 GB instead of 0.3, and a session keeps a dozen servers.
+            args = [*args, "--kv-cache-mib", "32"]
         cmd = [str(BINARY), "serve", "--host", "127.0.0.1", "--port", "0", "-t", "2", *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
+        self.reports_seen = 0  # sanitizer reports in the log already charged to a test
+        SERVERS.append(self)
         self.port = self._wait_for_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.health_statuses: list[int] = []
@@ -142,6 +162,72 @@ def _binary_present():
         pytest.fail(f"{BINARY} is missing: build it first (scripts/setup.sh)")
     if not TINY.exists():
         pytest.fail(f"{TINY} is missing (SPECDEC_SHARED_DIR)")
+
+
+class SanitizerReports:
+    """The reports of the sanitized specdec processes: files `<dir>/tsan.<pid>` and the lines
+    of the servers' logs, each report charged once."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.sizes: dict[Path, int] = {}
+
+    def new_reports(self) -> list[str]:
+        found = []
+        for f in sorted(self.directory.glob("tsan.*")):
+            data = f.read_text(errors="replace")
+            old = self.sizes.get(f, 0)
+            if len(data) > old:
+                self.sizes[f] = len(data)
+                if SANITIZER_MARK in data[old:]:
+                    found.append(f"{f}:\n{data[old:][:6000]}")
+        for s in SERVERS:
+            text = s.log_text()
+            parts = text.split(SANITIZER_MARK)  # [before the first, after each report]
+            if len(parts) - 1 > s.reports_seen:
+                first_new = SANITIZER_MARK + parts[s.reports_seen + 1]
+                s.reports_seen = len(parts) - 1
+                found.append(f"{s.log_path} ({' '.join(s.args)}):\n{first_new[:6000]}")
+        return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sanitizer_session(tmp_path_factory):
+    """With SPECDEC_SERVER_SANITIZER=thread: TSan's options for every process started from
+    here on; at the end (after the servers were stopped: this fixture is torn down last), the
+    reports no test was charged with fail the session."""
+    if not SANITIZER:
+        yield None
+        return
+    directory = tmp_path_factory.mktemp("tsan")
+    options = ["halt_on_error=0", "exitcode=66", "second_deadlock_stack=1",
+               f"log_path={directory / 'tsan'}"]
+    if TSAN_SUPPRESSIONS.exists():
+        options.append(f"suppressions={TSAN_SUPPRESSIONS}")
+    old = os.environ.get("TSAN_OPTIONS")
+    os.environ["TSAN_OPTIONS"] = ":".join(filter(None, [old, *options]))
+    reports = SanitizerReports(directory)
+    yield reports
+    if old is None:
+        os.environ.pop("TSAN_OPTIONS", None)
+    else:
+        os.environ["TSAN_OPTIONS"] = old
+    found = reports.new_reports()
+    if found:
+        pytest.fail("ThreadSanitizer reports while the servers shut down:\n" + "\n".join(found),
+                    pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_sanitizer_report(_sanitizer_session):
+    """Fails the test during which a sanitizer report appeared (in any process it started or
+    any server still running)."""
+    yield
+    if _sanitizer_session is not None:
+        found = _sanitizer_session.new_reports()
+        if found:
+            pytest.fail("ThreadSanitizer reports during this test:\n" + "\n".join(found),
+                        pytrace=False)
 
 
 @pytest.fixture(scope="session")

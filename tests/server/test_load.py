@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import TINY, TINY_DRAFT, generate
+from conftest import SANITIZER, TINY, TINY_DRAFT, generate
 from test_errors import wait_until_idle
 
 CLIENTS = 64
@@ -112,4 +112,5 @@ def test_concurrent_clients_mixed_streaming_with_disconnects(start_server, metho
           f"{aborted:.0f} cancelled by disconnects")
     assert m["specdec_kv_blocks_used"] == 0
     assert m[f'specdec_spec_decode_num_draft_tokens_total{{method="{method}"}}'] > 0
-    assert elapsed < 60, f"the load took {elapsed:.1f} s"
+    if not SANITIZER:  # a sanitized server is 5-15x slower: then only the outcome counts
+        assert elapsed < 60, f"the load took {elapsed:.1f} s"
