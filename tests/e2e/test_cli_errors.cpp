@@ -41,9 +41,10 @@ struct Case {
   bool before_load = false;           // fails before the model is loaded / the server listens
 };
 
-// Runs one case; stderr into a file.
+// Runs one case; stderr into a file of the running test's own (ctest runs them in parallel).
 void expect_clear_error(const Case& c) {
-  const std::string err = dir() + "/stderr.txt";
+  const std::string err =
+      dir() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".stderr";
   const std::string cmd = "timeout 120 " + std::string(SPECDEC_BINARY_DIR) + "/specdec " +
                           c.args + " </dev/null >/dev/null 2>" + err;
   int status = 0;
@@ -187,7 +188,7 @@ TEST(CliErrors, TrainDrafterAndTheCommandLine) {
   };
   for (const Case& c : cases) expect_clear_error(c);
   // An unknown kernel variant in the environment.
-  const std::string err = dir() + "/isa.txt";
+  const std::string err = dir() + "/isa.stderr";
   int status = 0;
   test::run_stdout("SPECDEC_ISA=bogus " + std::string(SPECDEC_BINARY_DIR) +
                        "/specdec generate -m " + tiny() + " -p hi >/dev/null 2>" + err,
