@@ -375,7 +375,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20))->capture_default_str();
   cmd->add_option("-n,--n-gen", o->n_gen, "Tokens to decode (per prompt with --spec)")
       ->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (default, or 0: all cores)")
+      ->check(CLI::Range(0, 1 << 16));
   cmd->add_option("-r,--repetitions", o->repetitions, "Repetitions (best is reported)")
       ->check(CLI::Range(1, 100))->capture_default_str();
   cmd->add_option("--verify-pairs", o->verify_pairs,

@@ -185,6 +185,7 @@ TEST(CliErrors, TrainDrafterAndTheCommandLine) {
       {"", {"subcommand"}, true},
       {"frobnicate", {"subcommand"}, true},
       {"generate --no-such-option -p hi", {"--no-such-option"}, true},
+      {"bench -m " + tiny() + " -t -3", {"--threads"}, true},
   };
   for (const Case& c : cases) expect_clear_error(c);
   // An unknown kernel variant in the environment.
