@@ -821,21 +821,12 @@ void build_panel_packed(const WeightMatrix& w, int64_t row0, int64_t valid, cons
           _mm512_store_si512(dst + (g + 4) * kPanelVecs * 64, hi);
         }
       }
-      if constexpr (kFormat.super()) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j])
-        const uint8_t* head = scales + (b / kSuperSubs) * kFormat.super_head_bytes;
-        const int64_t j = b % kSuperSubs;
-        auto bytes = [&](int64_t at) {
-          return _mm512_cvtepi32_ps(
-              _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(head + at))));
-        };
-        auto halves = [&](int64_t at) {
-          return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head + at)));
-        };
-        _mm512_store_ps(p.dw + b * kPanelRows + 16 * c,
-                        _mm512_mul_ps(halves(0), bytes(64 + 16 * j)));
-        _mm512_store_ps(
-            p.mw + b * kPanelRows + 16 * c,
-            _mm512_xor_ps(_mm512_mul_ps(halves(32), bytes(192 + 16 * j)), _mm512_set1_ps(-0.0f)));
+      if constexpr (kFormat.super()) {  // Q4_K
+        __m512 dw, mw;
+        avx512::q4_k_packed_scales(scales + (b / kSuperSubs) * kFormat.super_head_bytes,
+                                   b % kSuperSubs, &dw, &mw);
+        _mm512_store_ps(p.dw + b * kPanelRows + 16 * c, dw);
+        _mm512_store_ps(p.mw + b * kPanelRows + 16 * c, mw);
         continue;
       }
       const __m512 dw =

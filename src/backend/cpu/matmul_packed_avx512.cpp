@@ -421,18 +421,9 @@ inline void sub_block_scales(const uint8_t* blk, int64_t nsub, int64_t b, __m512
     *mw = _mm512_mul_ps(d, bytes(48 + 32 * j));
     return;
   }
-  if constexpr (P::kFormat.super()) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), 16 rows
-    const uint8_t* head = scales + (b / kSuperSubs) * P::kFormat.super_head_bytes;
-    const int64_t j = b % kSuperSubs;
-    auto bytes = [&](int64_t at) {
-      return _mm512_cvtepi32_ps(
-          _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(head + at))));
-    };
-    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head)));
-    const __m512 dmin =
-        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head + 32)));
-    *dw = _mm512_mul_ps(d, bytes(64 + 16 * j));
-    *mw = _mm512_xor_ps(_mm512_mul_ps(dmin, bytes(192 + 16 * j)), _mm512_set1_ps(-0.0f));
+  if constexpr (P::kFormat.super()) {  // Q4_K
+    avx512::q4_k_packed_scales(scales + (b / kSuperSubs) * P::kFormat.super_head_bytes,
+                               b % kSuperSubs, dw, mw);
     return;
   }
   *dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 32 * b)));

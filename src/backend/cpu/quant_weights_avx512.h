@@ -266,6 +266,21 @@ void k4_scales(const uint8_t* row, int64_t nsub, float* dw, float* mw) {
   }
 }
 
+// The scales of sub-block j of a packed Q4_K super-block (its head at `head`, packed_weights.h),
+// 16 rows: dw = d * sc[j], mw = -(dmin * mn[j]), the sub-block view's products (the sign by xor,
+// so that a zero product is -0 as there).
+inline void q4_k_packed_scales(const uint8_t* head, int64_t j, __m512* dw, __m512* mw) {
+  auto bytes = [&](int64_t at) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(head + at))));
+  };
+  auto halves = [&](int64_t at) {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head + at)));
+  };
+  *dw = _mm512_mul_ps(halves(0), bytes(64 + 16 * j));
+  *mw = _mm512_xor_ps(_mm512_mul_ps(halves(32), bytes(192 + 16 * j)), _mm512_set1_ps(-0.0f));
+}
+
 // Q5_0 / Q5_1: the 5th bits (vector hb of the packed layout, packed_weights.h, or its duplicated
 // halves) of code vector v added to its low- and high-nibble codes as bit 4. Shifts within 16-bit
 // lanes: bit 4 of either byte comes from the same byte for these distances.
