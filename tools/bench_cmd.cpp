@@ -348,6 +348,8 @@ void run_bench(BenchOptions& o) {
     fmt::print("speculation: {}\n", spec.description);
     fmt::print("plain {:.1f} tok/s, speculative {:.1f} tok/s: speedup {:.2f}x\n",
                j["plain_tok_s"].get<double>(), j["spec_tok_s"].get<double>(), j["speedup"].get<double>());
+    fmt::print("with the prompts' processing: end to end {:.2f}x, prefill time {:.2f}x plain's\n",
+               j["end_to_end_speedup"].get<double>(), j["prefill_time_ratio"].get<double>());
     fmt::print("acceptance rate {:.1f}%, mean accepted length {:.2f}, tokens per target pass {:.2f}, "
                "target passes {} (plain {}), identical outputs {}/{}\n",
                100 * j["acceptance_rate"].get<double>(), j["mean_accepted_length"].get<double>(),

@@ -174,7 +174,7 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
     spec_gen.generate(in.prompts[0], w, nullptr, nullptr);
   }
 
-  double plain_s = 0, spec_s = 0;
+  double plain_s = 0, spec_s = 0, plain_prefill_s = 0, spec_prefill_s = 0;
   int64_t plain_tokens = 0, spec_tokens = 0, passes = 0, spec_passes = 0, drafted = 0, accepted = 0,
           plain_passes = 0;
   int identical = 0;
@@ -225,6 +225,8 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
     }
     ps.decode_seconds = median(plain_times);
     ss.decode_seconds = median(spec_times);
+    plain_prefill_s += ps.prefill_seconds;
+    spec_prefill_s += ss.prefill_seconds;
     identical += a == b;
     plain_s += ps.decode_seconds;
     spec_s += ss.decode_seconds;
@@ -244,6 +246,8 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
                     {"plain_tok_s", ps.n_generated / ps.decode_seconds},
                     {"spec_tok_s", ss.n_generated / ss.decode_seconds},
                     {"speedup", row_speedup},
+                    {"plain_prefill_s", ps.prefill_seconds},
+                    {"spec_prefill_s", ss.prefill_seconds},
                     {"acceptance_rate", ss.acceptance_rate()},
                     {"tokens_per_pass", ss.tokens_per_pass()},
                     {"identical", a == b}});
@@ -262,6 +266,10 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   j["plain_tok_s"] = plain_tokens / plain_s;
   j["spec_tok_s"] = spec_tokens / spec_s;
   j["speedup"] = (spec_tokens / spec_s) / (plain_tokens / plain_s);
+  // The prompt's processing too (a draft model reads the prompt during the speculative run's
+  // prefill): the whole requests' times, and the prefill (time to first token) alone.
+  j["end_to_end_speedup"] = (plain_s + plain_prefill_s) / (spec_s + spec_prefill_s);
+  j["prefill_time_ratio"] = plain_prefill_s > 0 ? spec_prefill_s / plain_prefill_s : 0.0;
   j["acceptance_rate"] = drafted ? static_cast<double>(accepted) / drafted : 0.0;
   j["mean_accepted_length"] = spec_passes ? static_cast<double>(accepted) / spec_passes : 0.0;
   j["tokens_per_pass"] = passes ? static_cast<double>(accepted + passes) / passes : 0.0;

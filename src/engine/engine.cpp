@@ -359,6 +359,8 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
     DraftLengthConfig dl;
     dl.max_draft = r.spec.num_draft;
     dl.adaptive = r.spec.adaptive;
+    // A draft model ends its chains by its own probabilities (DraftJob::min_gain below).
+    dl.proposer_stops = r.spec.method == SpecMethod::kDraft;
     s.draft_length.emplace(dl);
   }
   if (s.proposer) s.proposer->begin(s.tokens, r.sampling.seed);
@@ -511,7 +513,12 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     --n_spec;
     if (k <= 0) continue;
     if (s.draft_model) {
-      draft_jobs_.push_back(DraftJob{s.id, s.tokens, static_cast<int>(k), &s.tree});
+      // Adaptive chains end where another draft step and its node would not pay, both
+      // counted against the sequence's solo pass, as Generator does (same trees as solo).
+      const double min_gain =
+          s.request.spec.adaptive ? draft_token_cost_ + config_.verify_token_cost : 0.0;
+      draft_jobs_.push_back(
+          DraftJob{s.id, s.tokens, static_cast<int>(k), &s.tree, s.n_prompt, min_gain});
       draft_seqs_.push_back(&s);
       budget_left -= k;
       continue;

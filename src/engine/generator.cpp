@@ -74,11 +74,13 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
   const int n_vocab = model_.config().n_vocab;
   kv_.clear();
   st.n_prompt = n_prompt;
+  // The proposer's own prompt processing (a draft model reads the prompt) is part of the
+  // prefill: it is timed with it.
+  double t0 = now_seconds();
   if (proposer) proposer->begin(prompt, config.sampling.seed);
 
   std::vector<int32_t> history(prompt.begin(), prompt.end());  // prompt + generated
   std::vector<int32_t> out;
-  double t0 = now_seconds();
   std::vector<float> logits =
       prefill(model_, kv_, prompt, config.prefill_chunk, pool_, want_hidden ? &hidden_ : nullptr);
   st.prefill_seconds = now_seconds() - t0;
@@ -126,6 +128,7 @@ std::vector<int32_t> Generator::generate(std::span<const int32_t> prompt,
       req.max_tokens = budget;
       if (want_hidden) req.target_hidden = hidden_;
       req.node_cost = config.verify_token_cost;
+      if (config.draft.adaptive) req.draft_step_cost = config.draft_token_cost;
       proposer->propose(req, &tree_);
       SPECDEC_CHECK(tree_.num_drafts() <= budget, "proposer exceeded its draft budget");
     }

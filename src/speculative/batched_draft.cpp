@@ -31,12 +31,18 @@ void BatchedDraftModel::remove(int64_t seq) {
 
 int64_t BatchedDraftModel::cached_tokens(int64_t seq) const {
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second->cached.size());
+  return it == seqs_.end() || it->second->evicted ? 0 : it->second->cache.slots();
 }
 
-void BatchedDraftModel::drop(SeqState* s) {
+void BatchedDraftModel::evict(SeqState* s) {
   kv_->free(&s->table);
-  s->cached.clear();
+  s->evicted = true;
+}
+
+void BatchedDraftModel::reset(SeqState* s) {
+  kv_->free(&s->table);
+  s->cache.clear();
+  s->evicted = false;
 }
 
 bool BatchedDraftModel::reserve(SeqState* s, int64_t n) {
@@ -48,7 +54,7 @@ bool BatchedDraftModel::reserve(SeqState* s, int64_t n) {
       if (victim == nullptr || other->last_call < victim->last_call) victim = other.get();
     }
     if (victim == nullptr) return false;
-    drop(victim);
+    evict(victim);
     ++stats_.evictions;
   }
   return true;
@@ -63,8 +69,8 @@ void BatchedDraftModel::run_and_decide() {
     Work& w = *running_[i];
     stats_.tokens_run += static_cast<int64_t>(batches_[i].batch.tokens.size());
     // The history the decoder sees: the sequence and the chain so far (the cache's tokens).
-    w.token =
-        w.state->decoder.next(r.logits.subspan(i * n_vocab, n_vocab), w.state->cached, w.tree);
+    w.token = w.state->decoder.next(r.logits.subspan(i * n_vocab, n_vocab),
+                                    w.state->cache.tokens, w.tree);
     if (w.token != DraftDecoder::kStop) running_[n_next++] = &w;
   }
   running_.resize(n_next);
@@ -96,27 +102,43 @@ void BatchedDraftModel::propose(std::span<const DraftJob> jobs) {
     SeqState& s = *w.state;
     const int max_tokens = draft_room(s.capacity, job.tokens.size(), job.max_tokens);
     if (max_tokens <= 0) continue;
-    const int64_t keep = draft_cache_keeps(s.cached, job.tokens);
-    s.cached.resize(static_cast<size_t>(keep));
-    const auto n = static_cast<int64_t>(job.tokens.size());
-    // Slots it may fill: the history and the chain's drafts but the last.
-    if (!reserve(&s, n + max_tokens - 1)) {
-      drop(&s);
+    // Planned on a copy: a job dropped for want of blocks leaves the record as it was.
+    planned_ = s.cache;
+    int64_t keep = plan_draft_catch_up(&planned_, job.tokens, job.n_prompt,
+                                       s.decoder.config().catch_up_window, &w.positions);
+    if (s.evicted) {
+      // The K/V is gone but the record says what it read: those positions first, so that the
+      // cache becomes the one it would have been.
+      std::vector<int32_t> again;
+      for (int64_t p = 0; static_cast<int64_t>(again.size()) < keep; ++p) {
+        if (p == planned_.gap_begin) p = std::max(p, planned_.gap_end);
+        again.push_back(static_cast<int32_t>(p));
+      }
+      w.positions.insert(w.positions.begin(), again.begin(), again.end());
+      keep = 0;
+    }
+    const auto n_run = static_cast<int64_t>(w.positions.size());
+    // Slots it may fill: what stays, this catch-up and the chain's drafts but the last.
+    if (!reserve(&s, keep + n_run + max_tokens - 1)) {
+      evict(&s);
       ++stats_.jobs_dropped;
       continue;
     }
-    s.decoder.start(max_tokens);
-    w.positions.resize(static_cast<size_t>(n - keep));
-    for (int64_t t = keep; t < n; ++t) w.positions[t - keep] = static_cast<int32_t>(t);
-    w.row = static_cast<int32_t>(n - keep - 1);
+    stats_.tokens_skipped += std::max<int64_t>(
+        0, (planned_.gap_end - planned_.gap_begin) - (s.cache.gap_end - s.cache.gap_begin));
+    std::swap(s.cache, planned_);
+    s.evicted = false;
+    s.decoder.start(max_tokens, job.min_gain);
+    w.run.resize(static_cast<size_t>(n_run));
+    for (int64_t i = 0; i < n_run; ++i) w.run[i] = job.tokens[static_cast<size_t>(w.positions[i])];
+    w.row = static_cast<int32_t>(n_run - 1);
     SeqBatch b;
     b.kv = SeqKv{storage_.get(), s.table.blocks, keep, s.capacity};
-    b.batch.tokens = job.tokens.subspan(static_cast<size_t>(keep));
+    b.batch.tokens = w.run;
     b.batch.positions = w.positions;
     b.batch.output_rows = {&w.row, 1};
     batches_.push_back(b);
     running_.push_back(&w);
-    s.cached.insert(s.cached.end(), job.tokens.begin() + keep, job.tokens.end());
   }
   try {
     if (!running_.empty()) run_and_decide();
@@ -126,28 +148,29 @@ void BatchedDraftModel::propose(std::span<const DraftJob> jobs) {
       for (size_t i = 0; i < running_.size(); ++i) {
         Work& w = *running_[i];
         SeqState& s = *w.state;
-        w.positions.assign(1, static_cast<int32_t>(s.cached.size()));
+        w.positions.assign(1, static_cast<int32_t>(s.cache.tokens.size()));
         w.row = 0;
         SeqBatch& b = batches_[i];
-        b.kv = SeqKv{storage_.get(), s.table.blocks, static_cast<int64_t>(s.cached.size()),
-                     s.capacity};
+        b.kv = SeqKv{storage_.get(), s.table.blocks, s.cache.slots(), s.capacity};
         b.batch = ForwardBatch{};
         b.batch.tokens = {&w.token, 1};
         b.batch.positions = w.positions;
         b.batch.output_rows = {&w.row, 1};
-        s.cached.push_back(w.token);
+        s.cache.tokens.push_back(w.token);
       }
       run_and_decide();
     }
   } catch (const Error&) {
     for (size_t i = 0; i < jobs.size(); ++i) {
-      drop(work_[i].state);
+      reset(work_[i].state);
       jobs[i].tree->reset(jobs[i].tokens.back());
     }
     throw;
   }
   // The blocks past each cache go back (the next call reserves what it needs).
-  for (Work& w : work_) kv_->shrink(&w.state->table, static_cast<int64_t>(w.state->cached.size()));
+  for (Work& w : work_) {
+    if (!w.state->evicted) kv_->shrink(&w.state->table, w.state->cache.slots());
+  }
 }
 
 void BatchedDraftModel::check_invariants() const {
@@ -159,10 +182,9 @@ void BatchedDraftModel::check_invariants() const {
     for (int32_t b : s->table.blocks) {
       SPECDEC_CHECK(pool_->refcount(b) == 1, "a draft block's refcount is not its one table");
     }
-    SPECDEC_CHECK(static_cast<int64_t>(s->table.blocks.size()) ==
-                      kv_->blocks_for(static_cast<int64_t>(s->cached.size())),
+    SPECDEC_CHECK(static_cast<int64_t>(s->table.blocks.size()) == kv_->blocks_for(s->evicted ? 0 : s->cache.slots()),
                   "a draft table does not fit its cached tokens");
-    SPECDEC_CHECK(static_cast<int64_t>(s->cached.size()) <= s->capacity,
+    SPECDEC_CHECK(static_cast<int64_t>(s->cache.tokens.size()) <= s->capacity,
                   "a draft cache holds more than its context");
   }
   SPECDEC_CHECK(held == pool_->num_used(), "draft blocks used outside the tables");

@@ -7,14 +7,16 @@
 //
 // A sequence's draft cache holds, like DraftModelProposer's, the history and the last chain's
 // drafts but the last; the next call keeps its longest common prefix with the new history (the
-// accepted drafts need not be run again) and runs the rest. The draft's context per sequence is
+// accepted drafts need not be run again) and runs the rest, reading at most the config's
+// catch_up_window generated tokens (plan_draft_catch_up, as DraftModelProposer does). The draft's context per sequence is
 // min(the sequence's context, the draft's training context): a history that leaves no room gets
 // no drafts.
 //
 // When the pool cannot hold a job's slots, the caches of sequences that are not in this call are
-// dropped, least recently drafted first (they recompute when they draft again); if that is not
-// enough, the job's own cache is dropped and it gets no drafts this call. A request never fails
-// for want of draft blocks.
+// evicted, least recently drafted first; if that is not enough, the job's own cache is evicted
+// and it gets no drafts this call. An evicted cache keeps its record of what it read (its
+// DraftCache) and reads exactly that again when it next drafts, so eviction changes no tree. A
+// request never fails for want of draft blocks.
 #pragma once
 
 #include <cstdint>
@@ -40,12 +42,15 @@ struct DraftJob {
   std::span<const int32_t> tokens;  // [n] the history (prompt + generated); tokens[n-1] = root
   int max_tokens = 0;               // draft nodes to add at most
   TokenTree* tree = nullptr;        // reset to tokens[n-1]; receives the drafts
+  int64_t n_prompt = 0;             // tokens[0, n_prompt) are the prompt (always read whole)
+  double min_gain = 0.0;            // DraftDecoder::start's (0: chains end at max_tokens)
 };
 
 struct BatchedDraftStats {
   int64_t calls = 0;         // propose() calls with at least one job
   int64_t passes = 0;        // draft forward passes
   int64_t tokens_run = 0;    // tokens through the draft model (catch-up and chain steps)
+  int64_t tokens_skipped = 0;  // history tokens a catch-up skipped (its window)
   int64_t evictions = 0;     // caches of idle sequences dropped for a job's blocks
   int64_t jobs_dropped = 0;  // jobs without drafts because the pool could not hold them
 };
@@ -69,7 +74,7 @@ class BatchedDraftModel {
   // only if a forward pass does (the jobs' caches are dropped and their trees reset).
   void propose(std::span<const DraftJob> jobs);
 
-  // Tokens whose K/V the sequence's draft cache holds (0 for an unknown handle).
+  // Slots of K/V the sequence's draft cache holds (0 for an unknown handle).
   int64_t cached_tokens(int64_t seq) const;
   const BlockPool& block_pool() const { return *pool_; }
   const BatchedDraftStats& stats() const { return stats_; }
@@ -80,7 +85,8 @@ class BatchedDraftModel {
  private:
   struct SeqState {
     BlockTable table;
-    std::vector<int32_t> cached;  // [tokens in the draft cache] slot order
+    DraftCache cache;             // what it read: the table holds cache.slots() (unless evicted)
+    bool evicted = false;         // the blocks were taken back (the record stays)
     int64_t capacity = 0;         // the draft's context for this sequence
     int64_t last_call = -1;       // the propose() call that last drafted for it
     DraftDecoder decoder;
@@ -91,13 +97,15 @@ class BatchedDraftModel {
     SeqState* state = nullptr;
     TokenTree* tree = nullptr;
     std::vector<int32_t> positions;  // [tokens of this pass] their RoPE positions
+    std::vector<int32_t> run;        // [tokens of the catch-up pass] their ids
     int32_t token = 0;               // the chain token to run next
     int32_t row = 0;                 // its output row in its batch
   };
 
   // Grows the table to n slots, dropping idle sequences' caches if needed; false: no room.
   bool reserve(SeqState* s, int64_t n);
-  void drop(SeqState* s);
+  void evict(SeqState* s);  // frees the blocks; the record stays (read again when drafting)
+  void reset(SeqState* s);  // frees the blocks and forgets the record (after an error)
   // Runs batches_ (one per entry of running_) and hands each its logits: its decoder's next
   // token; the ones that go on stay in running_.
   void run_and_decide();
@@ -111,6 +119,7 @@ class BatchedDraftModel {
   ForwardScratch scratch_;
   std::vector<Work> work_;         // [jobs of this call]
   std::vector<Work*> running_;     // the jobs in this pass
+  DraftCache planned_;             // a job's record while its catch-up is planned
   std::vector<SeqBatch> batches_;  // [running_] this pass
   int64_t n_calls_ = 0;
   BatchedDraftStats stats_;

@@ -25,9 +25,11 @@ void DraftDecoder::begin(uint64_t seed) {
   sampler_ = Sampler(params);
 }
 
-void DraftDecoder::start(int max_tokens) {
+void DraftDecoder::start(int max_tokens, double min_gain) {
   SPECDEC_CHECK(max_tokens >= 1, "a draft tree needs room for one token");
   max_tokens_ = max_tokens;
+  min_gain_ = min_gain;
+  reach_ = 1.0;
   parent_ = 0;
   added_ = 0;
   depth_ = 0;
@@ -74,6 +76,8 @@ int32_t DraftDecoder::next(std::span<const float> logits, std::span<const int32_
   }
   parent_ = node;
   if (added_ >= max_tokens_) return kStop;
+  reach_ *= q_[token];
+  if (min_gain_ > 0 && reach_ * q_[token] < min_gain_) return kStop;
   return token;
 }
 
@@ -86,6 +90,40 @@ int64_t draft_cache_keeps(std::span<const int32_t> cached, std::span<const int32
   size_t common = 0;
   while (common < cached.size() && common + 1 < n && cached[common] == tokens[common]) ++common;
   return static_cast<int64_t>(common);
+}
+
+int64_t plan_draft_catch_up(DraftCache* cache, std::span<const int32_t> tokens, int64_t n_prompt,
+                            int window, std::vector<int32_t>* run) {
+  SPECDEC_CHECK(!tokens.empty(), "a draft catch-up needs a history");
+  const auto n = static_cast<int64_t>(tokens.size());
+  int64_t keep = draft_cache_keeps(cache->tokens, tokens);
+  // A gap reaching past what stays is cut at it (or vanishes).
+  if (cache->gap_end > keep) cache->gap_end = std::max(cache->gap_begin, keep);
+  if (cache->gap_end == cache->gap_begin) cache->gap_begin = cache->gap_end = 0;
+  int64_t run_begin = keep;  // positions [run_begin, skip_begin) and [skip_end, n) are run
+  int64_t skip_begin = n, skip_end = n;
+  const int64_t first_generated = std::max(keep, n_prompt);
+  if (window > 0 && n - first_generated > window) {
+    skip_end = n - window;
+    if (cache->gap_end > cache->gap_begin) {
+      // One gap at most: the old one grows over the tokens read after it and the new skip.
+      keep = cache->gap_begin;
+      skip_begin = cache->gap_begin;
+      run_begin = skip_end;
+    } else {
+      skip_begin = first_generated;
+    }
+    cache->gap_begin = skip_begin;
+    cache->gap_end = skip_end;
+  }
+  run->clear();
+  for (int64_t p = run_begin; p < n; ++p) {
+    if (p == skip_begin) p = skip_end;
+    run->push_back(static_cast<int32_t>(p));
+  }
+  cache->tokens.assign(tokens.begin(), tokens.end());
+  // The slots of positions [0, keep) outside the gap.
+  return keep - std::max<int64_t>(0, std::min(cache->gap_end, keep) - cache->gap_begin);
 }
 
 }  // namespace specdec

@@ -9,7 +9,11 @@
 //   lossless rejection sampling; greedy: argmax q);
 //   at the first branch_levels depths, add the next-best branch_top_k - 1 tokens of q as leaf
 //   siblings;
-//   stop when max_tokens nodes were added, else the drafted token is the one to run next.
+//   stop when max_tokens nodes were added, or when min_gain > 0 and reach * q(token) <
+//   min_gain, where reach is the product of q over the chain's drafted tokens (the chance,
+//   by the draft's own probabilities, that the whole chain is accepted) and q(token) stands for
+//   the next token's chance: another draft step and its verified token (min_gain, in target
+//   passes) would not pay; else the drafted token is the one to run next.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,10 @@ struct DraftModelConfig {
                             // its seed is derived per sequence from the seed given to begin()
   int branch_top_k = 1;     // > 1: also add the next-best k-1 tokens as leaf siblings ...
   int branch_levels = 0;    // ... at the first branch_levels depths of the chain
+  // Generated tokens the draft reads at most to catch up with the history before drafting
+  // (0: all). After a pause in speculation of more than this many tokens, the draft skips all
+  // but the last catch_up_window (see plan_draft_catch_up); the prompt is always read whole.
+  int catch_up_window = 32;
 };
 
 class DraftDecoder {
@@ -45,8 +53,9 @@ class DraftDecoder {
   // its own, distinct from the target's), so drafts are fresh per sequence yet replay exactly.
   void begin(uint64_t seed);
 
-  // A new tree (already reset to its root) that may receive up to max_tokens >= 1 drafts.
-  void start(int max_tokens);
+  // A new tree (already reset to its root) that may receive up to max_tokens >= 1 drafts; a
+  // chain goes on while it is likely enough to pay min_gain (0: no such stop; see above).
+  void start(int max_tokens, double min_gain = 0.0);
 
   // One depth: `logits` ([n_vocab]) are the draft's at the current chain node, `history` the
   // tokens up to and including that node (the sequence, then the chain's drafts). Adds the
@@ -63,6 +72,8 @@ class DraftDecoder {
   int parent_ = 0;  // the current chain node
   int added_ = 0;   // nodes added to the tree
   int depth_ = 0;   // depth of the current chain node
+  double min_gain_ = 0.0;
+  double reach_ = 1.0;  // product of q over the chain's drafted tokens
 };
 
 // Drafts a tree may get for a history of n_tokens when the draft's cache holds `capacity` slots
@@ -74,5 +85,35 @@ int draft_room(int64_t capacity, size_t n_tokens, int max_tokens);
 // history `tokens`: their longest common prefix, short of the history's last token (which is run
 // again for its logits).
 int64_t draft_cache_keeps(std::span<const int32_t> cached, std::span<const int32_t> tokens);
+
+// What a sequence's draft cache has read: the tokens of positions [0, tokens.size()), in order,
+// except the positions [gap_begin, gap_end), which were skipped (never run: their K/V is not in
+// the cache, and the tokens after them attend to the rest). Its K/V slots hold the positions
+// outside the gap in order. DraftModelProposer and BatchedDraftModel keep one per sequence and
+// plan every catch-up with plan_draft_catch_up, so both read the same tokens at the same
+// positions and draft the same trees.
+struct DraftCache {
+  std::vector<int32_t> tokens;  // [positions read or skipped] the history, then chain drafts
+  int64_t gap_begin = 0;
+  int64_t gap_end = 0;  // == gap_begin: no gap
+  int64_t slots() const {
+    return static_cast<int64_t>(tokens.size()) - (gap_end - gap_begin);
+  }
+  void clear() {
+    tokens.clear();
+    gap_begin = gap_end = 0;
+  }
+};
+
+// Brings `cache` up to the history `tokens` (n >= 1; tokens[n-1] is run again for its logits):
+// keeps its longest common prefix with the history (draft_cache_keeps), then reads the rest. At
+// most `window` > 0 generated tokens are read: when more are uncached (speculation paused for a
+// while), the positions from max(kept, n_prompt) to n - window are skipped and become the cache's
+// gap (an older gap is extended to it, dropping the slots after it, so a cache has one gap at
+// most); the prompt's tokens [0, n_prompt) are always read. window <= 0 reads everything.
+// Returns the slots to keep (the caller truncates its K/V to them) and fills `run` with the
+// positions to run, increasing, ending with n - 1; cache->tokens becomes `tokens`.
+int64_t plan_draft_catch_up(DraftCache* cache, std::span<const int32_t> tokens, int64_t n_prompt,
+                            int window, std::vector<int32_t>* run);
 
 }  // namespace specdec

@@ -6,12 +6,48 @@
 namespace specdec {
 
 DraftLengthController::DraftLengthController(const DraftLengthConfig& config)
-    : config_(config), interval_(config.probe_interval) {
+    : config_(config),
+      interval_(config.proposer_stops ? kOnOffProbeInterval : config.probe_interval) {
   depth_accept_.fill(kInitialAcceptance);
+}
+
+int DraftLengthController::next_on_off() {
+  if (off_steps_ > 0) {
+    if (--off_steps_ > 0) return 0;
+    probing_ = true;
+  }
+  return config_.max_draft;
+}
+
+void DraftLengthController::record_on_off(int drafted, int accepted, double draft_seconds,
+                                          double pass_seconds) {
+  if (drafted == 0) return;
+  const bool probe = probing_;
+  probing_ = false;
+  // The first observations are averaged (the prior counting as one), then a slow average.
+  const double w = std::max(kOnOffEma, 1.0 / static_cast<double>(first_obs_ + 2));
+  ++first_obs_;
+  first_accept_ = (1 - w) * first_accept_ + w * (accepted > 0 ? 1.0 : 0.0);
+  accept_ = first_accept_;
+  // A first draft's cost in 1-token passes: its draft step and its verified token (the costs
+  // given are the cost model's: a plain pass is 1 unless one was recorded).
+  const double t1 = t1_ > 0 ? t1_ : 1.0;
+  const double cost = (draft_seconds + std::max(0.0, pass_seconds - t1)) / drafted / t1;
+  if (first_accept_ < kOffMargin * cost) {
+    // A probe whose first draft was rejected doubles the wait; an accepted one shortens it
+    // again, so that a run of accepted probes soon turns speculation back on.
+    if (probe) {
+      interval_ = accepted == 0 ? std::min(2 * interval_, kMaxProbeInterval) : kOnOffProbeInterval;
+    }
+    off_steps_ = interval_;
+  } else {
+    interval_ = kOnOffProbeInterval;
+  }
 }
 
 int DraftLengthController::next_length() {
   if (!config_.adaptive || config_.max_draft <= 0) return std::max(config_.max_draft, 0);
+  if (config_.proposer_stops) return next_on_off();
   if (off_steps_ > 0) {
     if (--off_steps_ == 0) {
       probing_ = true;
@@ -76,6 +112,13 @@ double DraftLengthController::pass_estimate(int m) const {
 
 void DraftLengthController::record(int drafted, int accepted, double draft_seconds,
                                    double pass_seconds, int draft_depth) {
+  if (config_.proposer_stops && config_.adaptive) {
+    if (drafted == 0) {
+      t1_ = t1_ <= 0 ? pass_seconds : (1 - config_.ema) * t1_ + config_.ema * pass_seconds;
+    }
+    record_on_off(drafted, accepted, draft_seconds, pass_seconds);
+    return;
+  }
   ++step_;
   const double w = config_.ema;
   auto blend = [w](double old, double now) { return old <= 0 ? now : (1 - w) * old + w * now; };

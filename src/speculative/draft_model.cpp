@@ -44,45 +44,67 @@ DraftModelProposer::DraftModelProposer(Model& draft, const Model& target, Thread
 
 void DraftModelProposer::begin(std::span<const int32_t> prompt, uint64_t seed) {
   kv_.clear();
-  cached_.clear();
+  cache_.clear();
+  n_prompt_ = static_cast<int64_t>(prompt.size());
   decoder_.begin(seed);
+  // A prompt that leaves no room for a draft is never drafted for (draft_room).
+  if (prompt.empty() || n_prompt_ + 1 >= kv_.capacity()) return;
+  constexpr int64_t kChunk = 512;  // tokens per pass (bounds the pass's scratch)
+  for (int64_t begin = 0; begin < n_prompt_; begin += kChunk) {
+    const int64_t len = std::min(kChunk, n_prompt_ - begin);
+    positions_.resize(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) positions_[i] = static_cast<int32_t>(begin + i);
+    ForwardBatch b;
+    b.tokens = prompt.subspan(static_cast<size_t>(begin), static_cast<size_t>(len));
+    b.positions = positions_;  // no output rows: K/V only
+    draft_.forward(kv_, b, pool_);
+    cache_.tokens.insert(cache_.tokens.end(), b.tokens.begin(), b.tokens.end());
+  }
 }
 
 std::span<const float> DraftModelProposer::step(int32_t token) {
-  const int32_t pos = static_cast<int32_t>(kv_.size());
+  const auto pos = static_cast<int32_t>(cache_.tokens.size());
   const int32_t row = 0;
   ForwardBatch b;
   b.tokens = {&token, 1};
   b.positions = {&pos, 1};
   b.output_rows = {&row, 1};
-  cached_.push_back(token);
+  cache_.tokens.push_back(token);
   return draft_.forward(kv_, b, pool_).logits;
 }
 
 std::span<const float> DraftModelProposer::sync(std::span<const int32_t> tokens) {
-  const int64_t common = draft_cache_keeps(cached_, tokens);
-  kv_.truncate(common);
-  cached_.resize(static_cast<size_t>(common));
-  const int64_t len = static_cast<int64_t>(tokens.size()) - common;
-  positions_.resize(len);
-  for (int64_t i = 0; i < len; ++i) positions_[i] = static_cast<int32_t>(common + i);
-  const int32_t last = static_cast<int32_t>(len - 1);
+  const int64_t keep = plan_draft_catch_up(&cache_, tokens, n_prompt_,
+                                           decoder_.config().catch_up_window, &positions_);
+  kv_.truncate(keep);
+  run_.resize(positions_.size());
+  for (size_t i = 0; i < positions_.size(); ++i) run_[i] = tokens[static_cast<size_t>(positions_[i])];
+  const auto last = static_cast<int32_t>(run_.size() - 1);
   ForwardBatch b;
-  b.tokens = tokens.subspan(static_cast<size_t>(common));
+  b.tokens = run_;
   b.positions = positions_;
   b.output_rows = {&last, 1};
-  cached_.insert(cached_.end(), tokens.begin() + common, tokens.end());
   return draft_.forward(kv_, b, pool_).logits;
 }
 
 void DraftModelProposer::propose(const DraftRequest& request, TokenTree* tree) {
   const int max_tokens = draft_room(kv_.capacity(), request.tokens.size(), request.max_tokens);
   if (max_tokens <= 0) return;
-  std::span<const float> logits = sync(request.tokens);
-  decoder_.start(max_tokens);
-  // cached_ is the draft's view of the sequence, with the chain's drafts appended.
-  for (int32_t token; (token = decoder_.next(logits, cached_, tree)) != DraftDecoder::kStop;) {
-    logits = step(token);
+  try {
+    std::span<const float> logits = sync(request.tokens);
+    decoder_.start(max_tokens, request.draft_step_cost > 0
+                                   ? request.draft_step_cost + request.node_cost
+                                   : 0.0);
+    // cache_.tokens is the draft's view of the sequence, with the chain's drafts appended.
+    for (int32_t token; (token = decoder_.next(logits, cache_.tokens, tree)) != DraftDecoder::kStop;) {
+      logits = step(token);
+    }
+  } catch (...) {
+    // A failed pass wrote nothing, but cache_ already counts its tokens: start over (the next
+    // call reads the prompt again).
+    kv_.clear();
+    cache_.clear();
+    throw;
   }
   // The cache now holds the history and the chain's drafts but the last; sync() on the next call
   // keeps whatever prefix the target accepted.

@@ -26,11 +26,14 @@ class DraftModelProposer final : public Proposer {
   DraftModelProposer(Model& draft, const Model& target, ThreadPool* pool, int64_t ctx_size,
                      const DraftModelConfig& config);
   const char* name() const override { return "draft"; }
+  // Also reads the prompt into the draft's cache (all of it; the first propose() runs only the
+  // tokens after it): the draft's share of the prompt processing, before the first token.
   void begin(std::span<const int32_t> prompt, uint64_t seed) override;
   void propose(const DraftRequest& request, TokenTree* tree) override;
 
  private:
-  // Brings the draft cache to hold exactly tokens[0, n-1) and runs tokens[n-1]; returns logits.
+  // Brings the draft cache up to tokens[0, n-1) (plan_draft_catch_up: at most the config's
+  // catch_up_window generated tokens are read) and runs tokens[n-1]; returns its logits.
   std::span<const float> sync(std::span<const int32_t> tokens);
   std::span<const float> step(int32_t token);  // runs one token after the cache
 
@@ -38,8 +41,10 @@ class DraftModelProposer final : public Proposer {
   ThreadPool* pool_;
   KvCache kv_;
   DraftDecoder decoder_;            // the drafting decision per depth
-  std::vector<int32_t> cached_;     // tokens in kv_, slot order
-  std::vector<int32_t> positions_;  // [uncached tokens] of sync()
+  DraftCache cache_;                // what kv_ has read: kv_.size() == cache_.slots()
+  int64_t n_prompt_ = 0;            // the sequence's prompt tokens (always read whole)
+  std::vector<int32_t> positions_;  // [tokens of a sync()] their positions
+  std::vector<int32_t> run_;        // [tokens of a sync()] their ids
 };
 
 // Slots of the draft's own cache for a sequence whose context is ctx_size tokens (the draft's

@@ -25,6 +25,10 @@ struct DraftRequest {
   // alone (the cost model, never a clock); 0: unknown. A proposer that knows how likely each
   // of its drafts is (ReDrafter's beam scores) keeps only those worth their cost.
   double node_cost = 0.0;
+  // What one more step of a draft model costs, in target passes of this sequence alone (the
+  // cost model); 0: no such stop. A draft model drafts on while its chain is likely enough to
+  // pay it and node_cost (DraftDecoder's min_gain).
+  double draft_step_cost = 0.0;
 };
 
 class Proposer {

@@ -298,3 +298,86 @@ TEST(DraftLength, AdaptiveShortensDraftsSoonAfterCopyingStops) {
 
 }  // namespace
 }  // namespace specdec
+
+namespace specdec {
+namespace {
+
+// proposer_stops (a draft model ending its own chains): costs in 1-token passes, a draft step
+// 0.44 and a verified token 0.08, so a first draft costs 0.52 and speculation goes off when the
+// depth-1 acceptance falls below 0.7 x 0.52 = 0.364.
+struct OnOffSim {
+  static constexpr double kDraft = 0.44, kVerify = 0.08;
+  // One step; `accepted_first` says whether a draft's first token is accepted. Returns k.
+  static int step(DraftLengthController& c, bool accepted_first) {
+    const int k = c.next_length();
+    if (k == 0) {
+      c.record(0, 0, 0.0, 1.0);
+    } else {
+      const int drafted = 2;  // the proposer stopped its chain after two
+      c.record(drafted, accepted_first ? 1 : 0, kDraft * drafted, 1.0 + kVerify * drafted);
+    }
+    return k;
+  }
+};
+
+DraftLengthConfig on_off_config() {
+  DraftLengthConfig c = adaptive_config(8);
+  c.proposer_stops = true;
+  return c;
+}
+
+TEST(DraftLength, OnOffAsksForTheMaximumFromTheFirstStepAndStaysOnAtSixtyPercent) {
+  DraftLengthController c(on_off_config());
+  // Accepted 3 steps in 5, with runs of rejections: never off (a slow average).
+  const bool pattern[] = {true, false, false, true, true};
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(OnOffSim::step(c, pattern[i % 5]), 8) << "step " << i;
+  }
+  EXPECT_NEAR(c.acceptance(), 0.6, 0.1);
+}
+
+TEST(DraftLength, OnOffTurnsOffWhenFirstDraftsFailAndProbesLessOften) {
+  DraftLengthController c(on_off_config());
+  std::vector<int> spec_steps;  // the steps that drafted
+  for (int i = 0; i < 300; ++i) {
+    if (OnOffSim::step(c, false) > 0) spec_steps.push_back(i);
+  }
+  ASSERT_GE(spec_steps.size(), 3u);
+  // Off after the first rejection (the prior 0.6 averaged with it: 0.3), probed 4 steps later.
+  EXPECT_EQ(spec_steps[0], 0);
+  EXPECT_EQ(spec_steps[1], 4);
+  EXPECT_LT(spec_steps.size(), 12u) << "probes must thin out";
+  // The waits between probes double: each gap at least the one before.
+  for (size_t i = 3; i < spec_steps.size(); ++i) {
+    EXPECT_GE(spec_steps[i] - spec_steps[i - 1], spec_steps[i - 1] - spec_steps[i - 2]);
+  }
+}
+
+TEST(DraftLength, OnOffComesBackWhenProbesAreAccepted) {
+  DraftLengthController c(on_off_config());
+  for (int i = 0; i < 60; ++i) OnOffSim::step(c, false);
+  int last_off = -1;
+  for (int i = 0; i < 300; ++i) {
+    if (OnOffSim::step(c, true) == 0) last_off = i;
+  }
+  EXPECT_GE(last_off, 0) << "it was off";
+  EXPECT_LT(last_off, 150) << "accepted probes must turn speculation back on";
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(OnOffSim::step(c, true), 8);
+}
+
+TEST(DraftLength, OnOffStaysOnWhenDraftsAreCheapEnough) {
+  // At 40% accepted a 0.52 first draft is below cost but within the margin (0.4 > 0.364):
+  // speculation stays on; a fixed configuration is never switched.
+  DraftLengthController c(on_off_config());
+  int off = 0;
+  for (int i = 0; i < 500; ++i) off += OnOffSim::step(c, i % 5 < 2) == 0;
+  EXPECT_LT(off, 25);
+  DraftLengthConfig fixed = on_off_config();
+  fixed.adaptive = false;
+  fixed.max_draft = 3;
+  DraftLengthController f(fixed);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(OnOffSim::step(f, false), 3);
+}
+
+}  // namespace
+}  // namespace specdec
