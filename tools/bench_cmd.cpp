@@ -300,7 +300,7 @@ void run_bench(BenchOptions& o) {
     in.sampling = o.sampling;
     in.verify_token_cost =
         calibrated_verify_token_cost(o.load.engine.calibration, in.verify_token_cost, quiet,
-                                     calibration_kernels(device));
+                                     calibration_kernels(device), path);
     in.stop_tokens = tok->eog_ids();
     in.ctx_size = ctx;
     in.kv_type = kv_type_from_option(o.kv_type);

@@ -345,7 +345,7 @@ void run_load_bench(const LoadOptions& o, const LoadBenchInput& in) {
   const int64_t ctx = std::min<int64_t>(in.ctx_size, c.n_ctx_train > 0 ? c.n_ctx_train : 4096);
   const std::unique_ptr<ReDrafterHead> head = load_drafter_head(in.spec, *model, in.json);
   const std::unique_ptr<MedusaHeads> medusa = load_medusa_heads(in.spec, *model, in.json);
-  EngineConfig config = make_engine_config(o.engine, in.kv_type, ctx, draft.get(), in.json, device);
+  EngineConfig config = make_engine_config(o.engine, in.kv_type, ctx, *model, draft.get(), in.json, device);
   config.drafter_head = head.get();
   config.medusa_heads = medusa.get();
   TokenSpace space;

@@ -28,16 +28,71 @@ std::string cpu_model_name() {
   return {};
 }
 
+namespace {
+
+nlohmann::json to_json(const Calibration& c) {
+  return nlohmann::json{{"verify_cost_ratio", c.verify_cost_ratio},
+                        {"verify_token_cost", c.verify_token_cost},
+                        {"isa", c.isa},
+                        {"threads", c.threads},
+                        {"context", c.context},
+                        {"model", c.model},
+                        {"cpu", c.cpu}};
+}
+
+Calibration from_json(const nlohmann::json& j, const std::string& path) {
+  Calibration c;
+  c.verify_cost_ratio = j.at("verify_cost_ratio").get<double>();
+  c.verify_token_cost = j.at("verify_token_cost").get<double>();
+  c.isa = j.value("isa", "");
+  c.threads = j.value("threads", 0);
+  c.context = j.value("context", 0);
+  c.model = j.value("model", "");
+  c.cpu = j.value("cpu", "");
+  if (!(c.verify_token_cost >= 0 && c.verify_token_cost < 10)) {
+    throw Error(fmt::format("calibration file {}: verify_token_cost {} is out of range [0, 10)",
+                            path, c.verify_token_cost));
+  }
+  return c;
+}
+
+// The model file's name: entries are per model file, wherever it lies.
+std::string model_name(const std::string& path) {
+  return std::filesystem::path(path).filename().string();
+}
+
+}  // namespace
+
+std::vector<Calibration> read_calibrations(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::vector<Calibration> out;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (j.is_object() && j.contains("calibrations")) {
+      for (const nlohmann::json& e : j.at("calibrations")) out.push_back(from_json(e, path));
+    } else {
+      out.push_back(from_json(j, path));  // one bare entry: the format before
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("calibration file {} is malformed ({}); run `specdec bench "
+                            "--calibrate` again or delete it",
+                            path, e.what()));
+  }
+  return out;
+}
+
 void write_calibration(const std::string& path, const Calibration& c) {
+  std::vector<Calibration> entries = read_calibrations(path);
+  std::erase_if(entries, [&](const Calibration& e) {
+    return e.isa == c.isa && model_name(e.model) == model_name(c.model);
+  });
+  entries.push_back(c);
   nlohmann::json j;
-  j["verify_cost_ratio"] = c.verify_cost_ratio;
-  j["verify_token_cost"] = c.verify_token_cost;
-  j["isa"] = c.isa;
-  j["threads"] = c.threads;
-  j["context"] = c.context;
-  j["model"] = c.model;
-  j["cpu"] = c.cpu;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  j["calibrations"] = nlohmann::json::array();
+  for (const Calibration& e : entries) j["calibrations"].push_back(to_json(e));
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
@@ -48,47 +103,33 @@ void write_calibration(const std::string& path, const Calibration& c) {
   std::filesystem::rename(tmp, path);
 }
 
-std::optional<Calibration> read_calibration(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  Calibration c;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    c.verify_cost_ratio = j.at("verify_cost_ratio").get<double>();
-    c.verify_token_cost = j.at("verify_token_cost").get<double>();
-    c.isa = j.value("isa", "");
-    c.threads = j.value("threads", 0);
-    c.context = j.value("context", 0);
-    c.model = j.value("model", "");
-    c.cpu = j.value("cpu", "");
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("calibration file {} is malformed ({}); run `specdec bench "
-                            "--calibrate` again or delete it",
-                            path, e.what()));
-  }
-  if (!(c.verify_token_cost >= 0 && c.verify_token_cost < 10)) {
-    throw Error(fmt::format("calibration file {}: verify_token_cost {} is out of range [0, 10)",
-                            path, c.verify_token_cost));
-  }
-  return c;
-}
-
 std::string calibration_kernels(Device device) {
   return device == Device::kCuda ? "cuda" : isa_name(active_isa());
 }
 
 double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet,
-                                    const std::string& kernels) {
+                                    const std::string& kernels, const std::string& model_path) {
   const bool explicit_file = !file.empty();
   const std::string path = explicit_file ? file : default_calibration_path();
-  const std::optional<Calibration> cal = read_calibration(path);
-  if (explicit_file && !cal) throw Error(fmt::format("--calibration: no file {}", path));
-  if (cal && (explicit_file || cal->isa == kernels)) return cal->verify_token_cost;
+  const std::vector<Calibration> entries = read_calibrations(path);
+  if (explicit_file && entries.empty()) throw Error(fmt::format("--calibration: no file {}", path));
+  const std::string name = model_name(model_path);
+  const Calibration* pick = nullptr;
+  for (const Calibration& e : entries) {
+    if (e.isa == kernels && model_name(e.model) == name) pick = &e;
+  }
+  if (!pick && explicit_file) {
+    for (const Calibration& e : entries) {
+      if (!pick && e.isa == kernels) pick = &e;
+    }
+    if (!pick) pick = &entries.front();
+  }
+  if (pick) return pick->verify_token_cost;
   if (!quiet) {
     fmt::print(stderr,
-               "note: no calibration for the {} kernels ({}); the cost model uses its default "
-               "(verify_token_cost {:.3f}); run `specdec bench --calibrate` once\n",
-               kernels, path, fallback);
+               "note: no calibration for {} with the {} kernels ({}); the cost model uses its "
+               "default (verify_token_cost {:.3f}); run `specdec bench --calibrate -m {}` once\n",
+               name, kernels, path, fallback, model_path);
   }
   return fallback;
 }

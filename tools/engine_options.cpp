@@ -32,8 +32,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
 }
 
 EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_type,
-                                int64_t max_context, Model* draft_model, bool quiet,
-                                Device device) {
+                                int64_t max_context, const Model& target, Model* draft_model,
+                                bool quiet, Device device) {
   if (o.block_size % 16 != 0) {
     throw Error(fmt::format("--block-size must be a multiple of 16, got {}", o.block_size));
   }
@@ -48,7 +48,8 @@ EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_ty
   c.kv_type = kv_type;
   c.draft_model = draft_model;
   c.verify_token_cost = calibrated_verify_token_cost(o.calibration, c.verify_token_cost, quiet,
-                                                     calibration_kernels(device));
+                                                     calibration_kernels(device),
+                                                     target.file().path());
   return c;
 }
 

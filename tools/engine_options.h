@@ -30,11 +30,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o);
 
 // The engine's configuration; kv_type already validated ("f16" / "f32"), max_context the
 // context per sequence (0: the model's). The cost model's constants come from --calibration or
-// the default calibration file when it exists and was measured with the kernels in use (those of
+// the default calibration file, the target's entry measured with the kernels in use (those of
 // `device`: calibration_kernels); otherwise the built-in default (a note on stderr unless quiet).
 EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_type,
-                                int64_t max_context, Model* draft_model, bool quiet = false,
-                                Device device = Device::kCpu);
+                                int64_t max_context, const Model& target, Model* draft_model,
+                                bool quiet = false, Device device = Device::kCpu);
 
 // A request's speculation from the CLI options (validated: specdec::Error naming the option);
 // *description says what it is, e.g. "ngram (n 1..4, chain, adaptive <= 8)".

@@ -69,7 +69,7 @@ void run_generate(GenerateOptions& o, bool pool_size_given) {
   std::unique_ptr<Model> draft = load_draft_model(o.spec, /*quiet=*/false, device);
   const std::unique_ptr<ReDrafterHead> head = load_drafter_head(o.spec, *model, /*quiet=*/false);
   const std::unique_ptr<MedusaHeads> medusa = load_medusa_heads(o.spec, *model, /*quiet=*/false);
-  EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get(), false, device);
+  EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, *model, draft.get(), false, device);
   config.drafter_head = head.get();
   config.medusa_heads = medusa.get();
   if (!pool_size_given) {  // one request: a pool of exactly its context

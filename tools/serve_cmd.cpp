@@ -155,7 +155,7 @@ void serve_model(const ServeOptions& o, const std::string& path,
   ThreadPool pool(compute_threads(o.threads));
   const std::unique_ptr<ReDrafterHead> head = load_drafter_head(o.spec, *model, /*quiet=*/false);
   const std::unique_ptr<MedusaHeads> medusa = load_medusa_heads(o.spec, *model, /*quiet=*/false);
-  EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, draft.get(), false, device);
+  EngineConfig config = make_engine_config(o.engine, o.kv_type, ctx, *model, draft.get(), false, device);
   config.drafter_head = head.get();
   config.medusa_heads = medusa.get();
   Engine engine(*model, tok.get(), &pool, config);

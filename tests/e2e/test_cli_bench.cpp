@@ -68,32 +68,59 @@ TEST(CliBench, SpecPairsInterleaved) {
   expect_sound(bench("interleaved", "--repeats 3 --interleave --verify-pairs 7"), true, 7);
 }
 
-// The cost model's calibration is kept per kernels: a file measured on the GPU ("cuda") is not
-// taken by the CPU's kernels (a note says so and the default is used); one measured with them is.
-TEST(CliBench, CalibrationIsUsedOnlyWithTheKernelsItMeasured) {
+// The cost model's calibration is kept per model and kernels: a file measured on the GPU
+// ("cuda") is not taken by the CPU's kernels, nor one measured for another model (a note says so
+// and the default is used); the model's own entry for these kernels is. `bench --calibrate`
+// replaces its own entry and keeps the others; a file in the format before (one bare entry) is
+// still read.
+TEST(CliBench, CalibrationIsUsedOnlyForTheModelAndKernelsItMeasured) {
   const std::string dir = std::string(SPECDEC_BINARY_DIR) + "/cli_calibration_cache";
   std::filesystem::create_directories(dir);
-  auto write = [&](const std::string& kernels) {
+  const std::string model = test::tiny_model("stories260K.gguf");
+  const std::string isa = isa_name(active_isa());
+  auto entry = [&](const std::string& kernels, const std::string& m) {
+    return nlohmann::json{{"isa", kernels},  {"verify_cost_ratio", 1.1}, {"verify_token_cost", 0.0143},
+                          {"threads", 2},    {"context", 256},           {"model", m},
+                          {"cpu", "c"}};
+  };
+  auto write = [&](const nlohmann::json& j) {
     std::ofstream f(dir + "/calibration.json");
-    f << nlohmann::json{{"isa", kernels},    {"verify_cost_ratio", 1.1}, {"verify_token_cost", 0.0143},
-                        {"threads", 2},      {"context", 256},           {"model", "m"},
-                        {"cpu", "c"}}
-             .dump();
+    f << j.dump();
   };
   const std::string cmd = "SPECDEC_CACHE=" + dir + " " + std::string(SPECDEC_BINARY_DIR) +
-                          "/specdec generate -m " + test::tiny_model("stories260K.gguf") +
+                          "/specdec generate -m " + model +
                           " -p 'Once upon a time' -n 8 --spec ngram -t 2 2>&1";
+  auto noted = [&]() {
+    int status = 0;
+    const std::string out = run_stdout(cmd, &status);
+    EXPECT_EQ(status, 0) << out;
+    return out.find("no calibration for stories260K.gguf with the " + isa + " kernels") !=
+           std::string::npos;
+  };
+  write(entry("cuda", model));
+  EXPECT_TRUE(noted()) << "a GPU calibration was taken by the CPU kernels";
+  write({{"calibrations", {entry(isa, "/elsewhere/other-model.gguf"), entry("cuda", model)}}});
+  EXPECT_TRUE(noted()) << "another model's calibration was taken";
+  write(entry(isa, "/some/dir/stories260K.gguf"));  // the format before; the same file name
+  EXPECT_FALSE(noted());
+  write({{"calibrations", {entry(isa, "/elsewhere/other-model.gguf"), entry(isa, model)}}});
+  EXPECT_FALSE(noted());
+
+  // --calibrate replaces its entry (model, kernels) and keeps the others.
   int status = 0;
-  write("cuda");
-  std::string out = run_stdout(cmd, &status);
-  EXPECT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("no calibration for the " + std::string(isa_name(active_isa())) + " kernels"),
-            std::string::npos)
-      << out;
-  write(isa_name(active_isa()));
-  out = run_stdout(cmd, &status);
-  EXPECT_EQ(status, 0) << out;
-  EXPECT_EQ(out.find("no calibration"), std::string::npos) << out;
+  const std::string out = run_stdout("SPECDEC_CACHE=" + dir + " " + std::string(SPECDEC_BINARY_DIR) +
+                                         "/specdec bench --calibrate -m " + model +
+                                         " -p 32 -t 2 --verify-pairs 3 2>&1",
+                                     &status);
+  ASSERT_EQ(status, 0) << out;
+  std::ifstream f(dir + "/calibration.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j.at("calibrations").size(), 2u) << j.dump();
+  EXPECT_EQ(j["calibrations"][0]["model"], "/elsewhere/other-model.gguf");
+  EXPECT_EQ(j["calibrations"][0]["verify_token_cost"], 0.0143);
+  EXPECT_EQ(j["calibrations"][1]["model"], model);
+  EXPECT_EQ(j["calibrations"][1]["context"], 32);
+  EXPECT_FALSE(noted());
 }
 
 // The roofline bench (no --spec): its figures are consistent with each other and with the model
