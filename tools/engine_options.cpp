@@ -77,7 +77,7 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   p.draft_p_min = o.draft_p_min;
   p.draft_temp = o.draft_temp;
   int width = 1, depth = 0;
-  parse_tree_option(o.tree, &width, &depth);
+  tree_shape(o, &width, &depth);
   p.tree_width = width;
   p.tree_depth = depth;
   const std::string length = p.adaptive ? fmt::format("adaptive <= {}", p.num_draft)

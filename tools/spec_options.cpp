@@ -40,7 +40,9 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o) {
       ->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--tree", o->tree,
                   "WIDTH,DEPTH: ngram merges WIDTH matches into a tree; draft adds the top-WIDTH "
-                  "candidates at the first DEPTH levels");
+                  "candidates at the first DEPTH levels (default for draft with --num-draft "
+                  "auto: 4,3, each alternative only while likely enough to pay its "
+                  "verification; 1,1 asks for a chain)");
   cmd->add_option("--ngram-min", o->ngram_min, "Shortest n-gram to match")
       ->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--ngram-max", o->ngram_max, "Longest n-gram to match")
@@ -71,6 +73,14 @@ void parse_tree_option(const std::string& s, int* width, int* depth) {
   *depth = d;
 }
 
+
+void tree_shape(const SpecOptions& o, int* width, int* depth) {
+  parse_tree_option(o.tree, width, depth);
+  if (o.tree.empty() && o.spec == "draft" && o.num_draft == "auto") {
+    *width = kDraftTreeWidth;
+    *depth = kDraftTreeDepth;
+  }
+}
 
 DraftLengthConfig check_spec_options(const SpecOptions& o) {
   DraftLengthConfig dl;
@@ -125,7 +135,7 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
   SpecSetup setup;
   setup.draft_length = check_spec_options(o);
   int width = 1, depth = 0;
-  parse_tree_option(o.tree, &width, &depth);
+  tree_shape(o, &width, &depth);
   const std::string length_desc =
       setup.draft_length.adaptive ? fmt::format("adaptive <= {}", setup.draft_length.max_draft)
                                   : fmt::format("{} per step", setup.draft_length.max_draft);

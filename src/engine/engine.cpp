@@ -515,10 +515,10 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     if (s.draft_model) {
       // Adaptive chains end where another draft step and its node would not pay, both
       // counted against the sequence's solo pass, as Generator does (same trees as solo).
-      const double min_gain =
-          s.request.spec.adaptive ? draft_token_cost_ + config_.verify_token_cost : 0.0;
-      draft_jobs_.push_back(
-          DraftJob{s.id, s.tokens, static_cast<int>(k), &s.tree, s.n_prompt, min_gain});
+      const bool gains = s.request.spec.adaptive;
+      const double node = config_.verify_token_cost;
+      draft_jobs_.push_back(DraftJob{s.id, s.tokens, static_cast<int>(k), &s.tree, s.n_prompt,
+                                     gains ? draft_token_cost_ + node : 0.0, gains ? node : 0.0});
       draft_seqs_.push_back(&s);
       budget_left -= k;
       continue;

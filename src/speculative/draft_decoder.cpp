@@ -25,10 +25,11 @@ void DraftDecoder::begin(uint64_t seed) {
   sampler_ = Sampler(params);
 }
 
-void DraftDecoder::start(int max_tokens, double min_gain) {
+void DraftDecoder::start(int max_tokens, double min_gain, double min_node_gain) {
   SPECDEC_CHECK(max_tokens >= 1, "a draft tree needs room for one token");
   max_tokens_ = max_tokens;
   min_gain_ = min_gain;
+  min_node_gain_ = min_node_gain;
   reach_ = 1.0;
   parent_ = 0;
   added_ = 0;
@@ -70,6 +71,9 @@ int32_t DraftDecoder::next(std::span<const float> logits, std::span<const int32_
     });
     for (int i = 0; i < k && added_ < max_tokens_; ++i) {
       if (order_[i] == token || q_[order_[i]] <= 0) continue;
+      // In order of q: the first one not worth its node ends the alternatives (reach_ is the
+      // parent's here).
+      if (min_node_gain_ > 0 && reach_ * q_[order_[i]] < min_node_gain_) break;
       tree->add(parent_, order_[i]);
       ++added_;
     }

@@ -8,7 +8,8 @@
 //   add the drafted token under the current node (sampled: drawn from q, q kept in the tree for
 //   lossless rejection sampling; greedy: argmax q);
 //   at the first branch_levels depths, add the next-best branch_top_k - 1 tokens of q as leaf
-//   siblings;
+//   siblings (with min_node_gain > 0, only those with reach(parent) * q(alternative) >=
+//   min_node_gain: likely enough to pay their verification);
 //   stop when max_tokens nodes were added, or when min_gain > 0 and reach * q(token) <
 //   min_gain, where reach is the product of q over the chain's drafted tokens (the chance,
 //   by the draft's own probabilities, that the whole chain is accepted) and q(token) stands for
@@ -54,8 +55,9 @@ class DraftDecoder {
   void begin(uint64_t seed);
 
   // A new tree (already reset to its root) that may receive up to max_tokens >= 1 drafts; a
-  // chain goes on while it is likely enough to pay min_gain (0: no such stop; see above).
-  void start(int max_tokens, double min_gain = 0.0);
+  // chain goes on while it is likely enough to pay min_gain, a branch alternative is added when
+  // likely enough to pay min_node_gain (0: no such rule; see above).
+  void start(int max_tokens, double min_gain = 0.0, double min_node_gain = 0.0);
 
   // One depth: `logits` ([n_vocab]) are the draft's at the current chain node, `history` the
   // tokens up to and including that node (the sequence, then the chain's drafts). Adds the
@@ -73,6 +75,7 @@ class DraftDecoder {
   int added_ = 0;   // nodes added to the tree
   int depth_ = 0;   // depth of the current chain node
   double min_gain_ = 0.0;
+  double min_node_gain_ = 0.0;
   double reach_ = 1.0;  // product of q over the chain's drafted tokens
 };
 

@@ -1,6 +1,7 @@
-// DraftDecoder's stop by the chain's chance (min_gain): a chain goes on while the product of the
-// draft's probabilities of its tokens, times the last one's, is at least min_gain; p_min and
-// max_tokens still stop it first.
+// DraftDecoder's gains: a chain goes on while the product of the draft's probabilities of its
+// tokens, times the last one's, is at least min_gain (p_min and max_tokens still stop it first);
+// a branch alternative is added while the parent's chance times its own probability is at least
+// min_node_gain.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,6 +54,42 @@ TEST(DraftDecoder, AChainGoesOnWhileItsChanceCoversTheGain) {
   EXPECT_EQ(chain_length(0, 0.0, {0.3, 0.3, 0.3, 0.3}, 4), 4);
   // p_min stops before min_gain would.
   EXPECT_EQ(chain_length(0, 0.1, {0.9, 0.5, 0.9}, 8, 0.6f), 1);
+}
+
+// Top-3 branches at the first two levels; level 1: q = 0.6 / 0.3 / 0.06, level 2 (reach 0.6):
+// q = 0.9 / 0.08 / 0.01. With min_node_gain 0.1 the alternatives kept are 0.3 at level 1
+// (0.3 >= 0.1; 0.06 is not) and none at level 2 (0.6 x 0.08 = 0.048).
+TEST(DraftDecoder, BranchAlternativesAreKeptWhileLikelyEnough) {
+  auto run = [](double min_node_gain) {
+    DraftModelConfig config;
+    config.branch_top_k = 3;
+    config.branch_levels = 2;
+    DraftDecoder d(config);
+    d.begin(1);
+    TokenTree tree;
+    tree.reset(0);
+    d.start(16, 0.0, min_node_gain);
+    std::vector<int32_t> history = {0};
+    const std::vector<std::vector<double>> levels = {{0, 0.6, 0.3, 0.06, 0.04, 0, 0, 0},
+                                                     {0, 0, 0, 0, 0.9, 0.08, 0.01, 0.01}};
+    for (const std::vector<double>& q : levels) {
+      std::vector<float> l(kVocab);
+      for (int i = 0; i < kVocab; ++i) l[i] = q[i] > 0 ? static_cast<float>(std::log(q[i])) : -1e9f;
+      const int32_t t = d.next(l, history, &tree);
+      if (t == DraftDecoder::kStop) break;
+      history.push_back(t);
+    }
+    return tree;
+  };
+  const TokenTree all = run(0.0);
+  EXPECT_EQ(all.num_drafts(), 6);  // 1, 2, 3 under the root; 4, 5, 6 under 1
+  const TokenTree kept = run(0.1);
+  ASSERT_EQ(kept.num_drafts(), 3);
+  EXPECT_EQ(kept.token(1), 1);
+  EXPECT_EQ(kept.token(2), 2);
+  EXPECT_EQ(kept.parent(2), 0);
+  EXPECT_EQ(kept.token(3), 4);
+  EXPECT_EQ(kept.parent(3), 1);
 }
 
 }  // namespace
