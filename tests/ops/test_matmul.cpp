@@ -651,6 +651,55 @@ TEST(Matmul, VariantsEqualReferenceAnyThreadCount) {
   }
 }
 
+// The largest codes against the largest activations: every code at its maximum (15 for the
+// nibble types, 31 for Q5, 127 / -128 for Q8_0) and every activation quantized to +-127, through
+// the packed kernels for 1 and 8 rows, against the scalar reference bit for bit. The AVX2 kernels
+// add 16-bit partial sums (vpmaddubsw) before widening: for 5-bit codes four of them would wrap
+// (4 x 4 x 31 x 127 > 32767), which this catches (the random codes of the other tests do not
+// reach it).
+TEST(Matmul, PackedSixteenBitSumsHoldTheLargestCodes) {
+  if (packed_isas().empty()) GTEST_SKIP() << "packed kernels need AVX2 or AVX-512";
+  const uint16_t one = fp32_to_fp16(1.0f), half = fp32_to_fp16(0.5f);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                        GgmlType::kQ8_0}) {
+    for (uint8_t code8 : {uint8_t{0x7f}, uint8_t{0x80}}) {
+      if (code8 == 0x80 && type != GgmlType::kQ8_0) continue;
+      const int64_t rows = 16, cols = 256;
+      Weights w{type, rows, cols, {}};
+      const GgmlTypeTraits& t = ggml_type_traits(type);
+      const int64_t row_bytes = ggml_row_bytes(type, cols);
+      w.data.assign(static_cast<size_t>(rows * row_bytes) + 64, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          uint8_t* blk = w.data.data() + r * row_bytes + b * t.block_bytes;
+          const bool has_min = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1;
+          std::memcpy(blk, &one, 2);
+          if (has_min) std::memcpy(blk + 2, &half, 2);
+          // The rest of the block: qh (Q5) and qs, every bit set (Q8_0: the chosen byte).
+          const int64_t head = has_min ? 4 : 2;
+          std::memset(blk + head, type == GgmlType::kQ8_0 ? code8 : 0xff,
+                      static_cast<size_t>(t.block_bytes - head));
+        }
+      }
+      for (float sign : {1.0f, -1.0f}) {
+        for (int64_t n : {1, 8}) {
+          SCOPED_TRACE(std::string(type_name(type)) + " code byte " + std::to_string(code8) +
+                       " sign " + std::to_string(sign) + " n=" + std::to_string(n));
+          const std::vector<float> x(static_cast<size_t>(n * cols), sign);
+          const std::vector<float> want = run(Isa::kScalar, w, x, n, nullptr);
+          for (Isa isa : packed_isas()) {
+            for (bool packed_only : {false, true}) {
+              if (packed_only && (isa == Isa::kAvx512 || !avx2_reads_packed(type))) continue;
+              const std::vector<float> got = run_packed(isa, w, x, n, nullptr, packed_only);
+              ASSERT_EQ(first_bit_difference(want, got), -1) << isa_name(isa);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The kernels over packed weights (AVX2: matmul_packed_avx2.cpp; AVX-512 where present) for
 // every row count of a verification or batching pass, 1..17 (full tiles of 8 and every tail),
 // with a ragged last block of 16 rows (37 rows: its second half of 8 holds 5), an odd number of

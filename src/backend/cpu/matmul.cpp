@@ -85,7 +85,7 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
     }
     return;
   }
-  // The AVX2 kernels read no Q5_0 / Q5_1 / Q6_K packed copy: they multiply its file rows.
+  // The AVX2 kernels read no Q6_K packed copy: they multiply its file rows.
   if (isa == Isa::kAvx2 && w.packed != nullptr && avx2_reads_packed(w.type) &&
       (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
     SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");

@@ -10,8 +10,9 @@
 //   for each half h, sub-block b of 32 elements:
 //     load / split its code vectors once, and the 8 scales (F16C),
 //     for each activation row i (up to 8): 8 vpmaddubsw into s16 pair sums, one vpmaddwd to s32
-//       (Q4_0 / Q4_1: codes <= 15, |pair| <= 2 * 15 * 127, the 8 groups of a sub-block add up in
-//       s16 without saturating; Q8_0: signed codes, |w| x sign(x, w) per group, |pair| <=
+//       (Q4_0 / Q4_1 / Q4_K: codes <= 15, |pair| <= 2 * 15 * 127, the 8 groups of a sub-block
+//       add up in s16 without saturating; Q5_0 / Q5_1: codes <= 31 (nibble | 5th bit << 4),
+//       widened after 4 groups; Q8_0: signed codes, |w| x sign(x, w) per group, |pair| <=
 //       2 * 128 * 127, widened per group), then the float epilogue of quant_kernels.h on 8
 //       weight rows at once into the chain of b's parity.
 // The weights are loaded once per sub-block for up to 8 activation rows; with one row the
@@ -45,9 +46,11 @@ struct Packed {
   static constexpr PackedFormat kFormat = packed_format(T);
   static_assert(kFormat.code_bytes != 0, "no packed layout for this type");
   static constexpr bool kMin = kFormat.has_min, kEightBit = kFormat.eight_bit;
+  static constexpr bool kFiveBit = kFormat.five_bit;
+  static_assert(!kFormat.six_bit, "Q6_K is multiplied from the file's rows on AVX2");
   static constexpr int kCodeBytes = static_cast<int>(kFormat.code_bytes);
   // The code offset of the sub-block view (Q8_0 runs on signed codes: no offset correction).
-  static constexpr int kOffset = T == GgmlType::kQ4_0 ? 8 : 0;
+  static constexpr int kOffset = T == GgmlType::kQ4_0 ? 8 : T == GgmlType::kQ5_0 ? 16 : 0;
 };
 
 constexpr int64_t kMaxTile = 8;  // activation rows per pass over a half block
@@ -146,6 +149,18 @@ inline __m256i bcast32(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Q5_0 / Q5_1: the 5th bits (this half's 32 bytes of the vector hb, packed_weights.h) of code
+// vector v added to its low- and high-nibble codes as bit 4, as avx512::fifth_bits: bit 2 v / 2 v
+// + 1 of each byte, moved by immediate shifts within 16-bit lanes (bit 4 of either byte comes
+// from the same byte for these distances).
+[[gnu::always_inline]] inline void fifth_bits(__m256i hb, int v, __m256i* lo, __m256i* hi) {
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  const __m256i l = v <= 2 ? _mm256_slli_epi16(hb, 4 - 2 * v) : _mm256_srli_epi16(hb, 2 * v - 4);
+  const __m256i h = v <= 1 ? _mm256_slli_epi16(hb, 3 - 2 * v) : _mm256_srli_epi16(hb, 2 * v - 3);
+  *lo = _mm256_or_si256(*lo, _mm256_and_si256(l, bit4));
+  *hi = _mm256_or_si256(*hi, _mm256_and_si256(h, bit4));
+}
+
 // The float epilogue of one activation row: isum of 8 weight rows into facc.
 template <GgmlType T>
 inline __m256 epilogue(__m256i isum, __m256 dw, __m256 mw, const float* dt, const float* et,
@@ -211,6 +226,11 @@ inline void sub_block(const uint8_t* codes, __m256 dw, __m256 mw, const int8_t* 
       lo[v] = _mm256_and_si256(raw, low);
       hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
     }
+    if constexpr (P::kFiveBit) {
+      const __m256i hb = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 256));
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) fifth_bits(hb, v, &lo[v], &hi[v]);
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       __m256i s[4];
@@ -219,9 +239,17 @@ inline void sub_block(const uint8_t* codes, __m256 dw, __m256 mw, const int8_t* 
         s[v] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[v], bcast32(xt + 32 * v + 4 * i)),
                                 _mm256_maddubs_epi16(hi[v], bcast32(xt + 32 * (v + 4) + 4 * i)));
       }
-      const __m256i s16 =
-          _mm256_add_epi16(_mm256_add_epi16(s[0], s[1]), _mm256_add_epi16(s[2], s[3]));
-      facc[i] = epilogue<T>(_mm256_madd_epi16(s16, ones), dw, mw, dt + i, et + i, facc[i]);
+      __m256i isum;
+      if constexpr (P::kFiveBit) {
+        // 5-bit codes: |one s[v]| <= 4 * 31 * 127, two add up in s16 (31,496), four would not:
+        // widened in two halves.
+        isum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(s[0], s[1]), ones),
+                                _mm256_madd_epi16(_mm256_add_epi16(s[2], s[3]), ones));
+      } else {
+        isum = _mm256_madd_epi16(
+            _mm256_add_epi16(_mm256_add_epi16(s[0], s[1]), _mm256_add_epi16(s[2], s[3])), ones);
+      }
+      facc[i] = epilogue<T>(isum, dw, mw, dt + i, et + i, facc[i]);
     }
   }
 }
@@ -432,8 +460,12 @@ void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float*
       return packed_matmul<GgmlType::kQ8_0>(w, x, n, y, pool);
     case GgmlType::kQ4_K:
       return packed_matmul<GgmlType::kQ4_K>(w, x, n, y, pool);
+    case GgmlType::kQ5_0:
+      return packed_matmul<GgmlType::kQ5_0>(w, x, n, y, pool);
+    case GgmlType::kQ5_1:
+      return packed_matmul<GgmlType::kQ5_1>(w, x, n, y, pool);
     default:
-      SPECDEC_CHECK(false, "packed_matmul_avx2: type has no packed layout");
+      SPECDEC_CHECK(false, "packed_matmul_avx2: type has no packed layout it reads");
   }
 }
 
