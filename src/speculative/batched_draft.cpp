@@ -182,7 +182,8 @@ void BatchedDraftModel::check_invariants() const {
     for (int32_t b : s->table.blocks) {
       SPECDEC_CHECK(pool_->refcount(b) == 1, "a draft block's refcount is not its one table");
     }
-    SPECDEC_CHECK(static_cast<int64_t>(s->table.blocks.size()) == kv_->blocks_for(s->evicted ? 0 : s->cache.slots()),
+    const int64_t held_slots = s->evicted ? 0 : s->cache.slots();
+    SPECDEC_CHECK(static_cast<int64_t>(s->table.blocks.size()) == kv_->blocks_for(held_slots),
                   "a draft table does not fit its cached tokens");
     SPECDEC_CHECK(static_cast<int64_t>(s->cache.tokens.size()) <= s->capacity,
                   "a draft cache holds more than its context");

@@ -78,7 +78,9 @@ std::span<const float> DraftModelProposer::sync(std::span<const int32_t> tokens)
                                            decoder_.config().catch_up_window, &positions_);
   kv_.truncate(keep);
   run_.resize(positions_.size());
-  for (size_t i = 0; i < positions_.size(); ++i) run_[i] = tokens[static_cast<size_t>(positions_[i])];
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    run_[i] = tokens[static_cast<size_t>(positions_[i])];
+  }
   const auto last = static_cast<int32_t>(run_.size() - 1);
   ForwardBatch b;
   b.tokens = run_;
@@ -96,7 +98,8 @@ void DraftModelProposer::propose(const DraftRequest& request, TokenTree* tree) {
     decoder_.start(max_tokens, gains ? request.draft_step_cost + request.node_cost : 0.0,
                    gains ? request.node_cost : 0.0);
     // cache_.tokens is the draft's view of the sequence, with the chain's drafts appended.
-    for (int32_t token; (token = decoder_.next(logits, cache_.tokens, tree)) != DraftDecoder::kStop;) {
+    for (int32_t token; (token = decoder_.next(logits, cache_.tokens, tree)) !=
+                        DraftDecoder::kStop;) {
       logits = step(token);
     }
   } catch (...) {
