@@ -652,33 +652,47 @@ TEST(Matmul, VariantsEqualReferenceAnyThreadCount) {
 }
 
 // The largest codes against the largest activations: every code at its maximum (15 for the
-// nibble types, 31 for Q5, 127 / -128 for Q8_0) and every activation quantized to +-127, through
-// the packed kernels for 1 and 8 rows, against the scalar reference bit for bit. The AVX2 kernels
-// add 16-bit partial sums (vpmaddubsw) before widening: for 5-bit codes four of them would wrap
-// (4 x 4 x 31 x 127 > 32767), which this catches (the random codes of the other tests do not
-// reach it).
+// nibble types, 31 for Q5, 63 for Q6_K, 127 / -128 for Q8_0) and every activation quantized to
+// +-127, through the packed kernels for 1 and 8 rows, against the scalar reference bit for bit.
+// The AVX2 kernels add 16-bit partial sums (vpmaddubsw) before widening: for 5-bit codes four of
+// them would wrap (4 x 4 x 31 x 127 > 32767), for 6-bit codes three (3 x 2 x 63 x 127), which
+// this catches (the random codes of the other tests do not reach it).
 TEST(Matmul, PackedSixteenBitSumsHoldTheLargestCodes) {
   if (packed_isas().empty()) GTEST_SKIP() << "packed kernels need AVX2 or AVX-512";
   const uint16_t one = fp32_to_fp16(1.0f), half = fp32_to_fp16(0.5f);
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                        GgmlType::kQ8_0}) {
+                        GgmlType::kQ8_0, GgmlType::kQ6_K}) {
     for (uint8_t code8 : {uint8_t{0x7f}, uint8_t{0x80}}) {
       if (code8 == 0x80 && type != GgmlType::kQ8_0) continue;
-      const int64_t rows = 16, cols = 256;
+      const int64_t rows = 16, cols = 512;
       Weights w{type, rows, cols, {}};
       const GgmlTypeTraits& t = ggml_type_traits(type);
       const int64_t row_bytes = ggml_row_bytes(type, cols);
       w.data.assign(static_cast<size_t>(rows * row_bytes) + 64, 0);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t b = 0; b < cols / 32; ++b) {
-          uint8_t* blk = w.data.data() + r * row_bytes + b * t.block_bytes;
-          const bool has_min = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1;
-          std::memcpy(blk, &one, 2);
-          if (has_min) std::memcpy(blk + 2, &half, 2);
-          // The rest of the block: qh (Q5) and qs, every bit set (Q8_0: the chosen byte).
-          const int64_t head = has_min ? 4 : 2;
-          std::memset(blk + head, type == GgmlType::kQ8_0 ? code8 : 0xff,
-                      static_cast<size_t>(t.block_bytes - head));
+      if (type == GgmlType::kQ6_K) {
+        // ql and qh every bit set (every code 63), positive scales 1..16 and d = 1.
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t b = 0; b < cols / 256; ++b) {
+            BlockQ6_K blk{};
+            std::memset(blk.ql, 0xff, sizeof(blk.ql));
+            std::memset(blk.qh, 0xff, sizeof(blk.qh));
+            for (int s = 0; s < 16; ++s) blk.scales[s] = static_cast<int8_t>(1 + s);
+            blk.d = one;
+            std::memcpy(w.data.data() + r * row_bytes + b * t.block_bytes, &blk, sizeof(blk));
+          }
+        }
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t b = 0; b < cols / 32; ++b) {
+            uint8_t* blk = w.data.data() + r * row_bytes + b * t.block_bytes;
+            const bool has_min = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1;
+            std::memcpy(blk, &one, 2);
+            if (has_min) std::memcpy(blk + 2, &half, 2);
+            // The rest of the block: qh (Q5) and qs, every bit set (Q8_0: the chosen byte).
+            const int64_t head = has_min ? 4 : 2;
+            std::memset(blk + head, type == GgmlType::kQ8_0 ? code8 : 0xff,
+                        static_cast<size_t>(t.block_bytes - head));
+          }
         }
       }
       for (float sign : {1.0f, -1.0f}) {
@@ -939,7 +953,7 @@ TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
   const Weights k5 = make_weights(GgmlType::kQ5_K, 16, 256, 1, false);
   const WeightMatrix k5m = k5.matrix();
   EXPECT_THROW(PackedWeights::pack({&k5m, 1}, nullptr), Error);
-  // Q6_K is packed one matrix at a time (the AVX2 kernels need its file rows).
+  // Q6_K is packed one matrix at a time (a prefill needs its file rows).
   const Weights k6 = make_weights(GgmlType::kQ6_K, 16, 256, 1, false);
   const WeightMatrix k6_stack[] = {k6.matrix(), k6.matrix()};
   EXPECT_THROW(PackedWeights::pack(k6_stack, nullptr), Error);

@@ -85,7 +85,8 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
     }
     return;
   }
-  // The AVX2 kernels read no Q6_K packed copy: they multiply its file rows.
+  // AVX2: the packed kernel below kPackedPanelMinRows rows (and for a packed-only stack), the
+  // tile kernel on the file's rows for a prefill.
   if (isa == Isa::kAvx2 && w.packed != nullptr && avx2_reads_packed(w.type) &&
       (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
     SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");

@@ -13,8 +13,11 @@
 //       (Q4_0 / Q4_1 / Q4_K: codes <= 15, |pair| <= 2 * 15 * 127, the 8 groups of a sub-block
 //       add up in s16 without saturating; Q5_0 / Q5_1: codes <= 31 (nibble | 5th bit << 4),
 //       widened after 4 groups; Q8_0: signed codes, |w| x sign(x, w) per group, |pair| <=
-//       2 * 128 * 127, widened per group), then the float epilogue of quant_kernels.h on 8
-//       weight rows at once into the chain of b's parity.
+//       2 * 128 * 127, widened per group; Q6_K: codes <= 63 (nibble | 2 high bits << 4), two
+//       groups per s16 sum, the first and the last 16 elements apart), then the float epilogue
+//       of quant_kernels.h on 8 weight rows at once into the chain of b's parity (Q6_K: its
+//       first 16 elements into the even chain, its last 16 into the odd one, with a scale and
+//       an offset correction each, as GGML's two sub-blocks of 16).
 // The weights are loaded once per sub-block for up to 8 activation rows; with one row the
 // kernel streams the weights (software prefetch of the next block into L1, the fourth next into
 // L2) and needs about half the instructions per weight of the row kernel (no unpacking of 8
@@ -47,10 +50,13 @@ struct Packed {
   static_assert(kFormat.code_bytes != 0, "no packed layout for this type");
   static constexpr bool kMin = kFormat.has_min, kEightBit = kFormat.eight_bit;
   static constexpr bool kFiveBit = kFormat.five_bit;
-  static_assert(!kFormat.six_bit, "Q6_K is multiplied from the file's rows on AVX2");
+  static constexpr bool kSix = kFormat.six_bit;  // Q6_K: two sub-blocks of 16 per 32
   static constexpr int kCodeBytes = static_cast<int>(kFormat.code_bytes);
   // The code offset of the sub-block view (Q8_0 runs on signed codes: no offset correction).
-  static constexpr int kOffset = T == GgmlType::kQ4_0 ? 8 : T == GgmlType::kQ5_0 ? 16 : 0;
+  static constexpr int kOffset = T == GgmlType::kQ4_0   ? 8
+                                 : T == GgmlType::kQ5_0 ? 16
+                                 : T == GgmlType::kQ6_K ? 32
+                                                        : 0;
 };
 
 constexpr int64_t kMaxTile = 8;  // activation rows per pass over a half block
@@ -65,6 +71,8 @@ struct Acts {
   int8_t* qt = nullptr;    // [tiles, nsub, 8 groups, 8 rows, 4]
   float* dt = nullptr;     // [tiles, nsub, 8 rows]
   float* et = nullptr;     // [tiles, nsub, 8 rows]: float(S32) * d, or the int32 offset * S32
+                           // (Q6_K: offset * S16 of the first 16 elements)
+  float* et2 = nullptr;    // [tiles, nsub, 8 rows]: Q6_K only, offset * S16 of the last 16
 };
 
 // The 8 x 8 transpose of 32-bit groups: 8 rows' 32 codes of one sub-block (rows[r] == nullptr:
@@ -134,6 +142,11 @@ void prepare_subblocks(const float* x, int64_t n, Acts& a, int64_t b0, int64_t b
         a.dt[at] = d;
         if constexpr (P::kMin) {
           a.et[at] = static_cast<float>(s32) * d;
+        } else if constexpr (P::kSix) {
+          const int32_t corr_a = a.s16[i * 2 * a.nsub + 2 * b] * P::kOffset;
+          const int32_t corr_b = a.s16[i * 2 * a.nsub + 2 * b + 1] * P::kOffset;
+          std::memcpy(a.et + at, &corr_a, 4);
+          std::memcpy(a.et2 + at, &corr_b, 4);
         } else {
           const int32_t corr = s32 * P::kOffset;
           std::memcpy(a.et + at, &corr, 4);
@@ -254,11 +267,88 @@ inline void sub_block(const uint8_t* codes, __m256 dw, __m256 mw, const int8_t* 
   }
 }
 
+// The codes (0..63) of code vector v of a Q6_K sub-block (packed_weights.h) from this half's
+// 32 bytes of its nibble vector `raw` and of its high-bit vector `hb` (vector v % 2), as
+// avx512::six_bit_codes: lo holds group v (the first 16 elements), hi group v + 4 (the last
+// 16). The high bits of v are bits 0-1 / 2-3 (v < 2) or 4-5 / 6-7 (v >= 2) of each byte, moved
+// to bits 4-5 by immediate shifts within 16-bit lanes (the bits that cross into the other byte
+// are masked off).
+template <int V>
+[[gnu::always_inline]] inline void six_bit_codes(__m256i raw, __m256i hb, __m256i* lo,
+                                                 __m256i* hi) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  const __m256i hl = V < 2 ? _mm256_slli_epi16(hb, 4) : hb;
+  const __m256i hh = V < 2 ? _mm256_slli_epi16(hb, 2) : _mm256_srli_epi16(hb, 2);
+  *lo = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_and_si256(hl, m2));
+  *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), _mm256_and_si256(hh, m2));
+}
+
+// sub_block for Q6_K (8 weight rows, codes: this half's 32 bytes of the first code vector): the
+// first 16 elements of the sub-block (GGML's even sub-block of 16, scale dwa, correction et)
+// into the even chain fa, the last 16 (dwb, et2) into the odd one fb, as avx512's
+// sub_block_six (quant_kernels.h: acc[b & 1] over sub-blocks of 16). 6-bit codes: |one
+// vpmaddubsw lane| <= 2 * 63 * 128 = 16,128, so two of them add up in s16 (32,256) and each
+// half of 16 elements is widened as two pairs of groups.
+template <int R>
+inline void sub_block_six(const uint8_t* codes, __m256 dwa, __m256 dwb, const int8_t* xt,
+                          const float* dt, const float* et, const float* et2, __m256* fa,
+                          __m256* fb) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i lo[4], hi[4];
+  {
+    const __m256i hb0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 256));
+    const __m256i hb1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 320));
+    auto raw = [&](int v) {
+      return _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 64 * v));
+    };
+    six_bit_codes<0>(raw(0), hb0, &lo[0], &hi[0]);
+    six_bit_codes<1>(raw(1), hb1, &lo[1], &hi[1]);
+    six_bit_codes<2>(raw(2), hb0, &lo[2], &hi[2]);
+    six_bit_codes<3>(raw(3), hb1, &lo[3], &hi[3]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    auto pair = [&](const __m256i* w, int g) {  // groups g, g + 1 against w[0], w[1], to s32
+      return _mm256_madd_epi16(
+          _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast32(xt + 32 * g + 4 * i)),
+                           _mm256_maddubs_epi16(w[1], bcast32(xt + 32 * (g + 1) + 4 * i))),
+          ones);
+    };
+    const __m256i acc_a = _mm256_add_epi32(pair(lo, 0), pair(lo + 2, 2));
+    const __m256i acc_b = _mm256_add_epi32(pair(hi, 4), pair(hi + 2, 6));
+    int32_t ca, cb;
+    std::memcpy(&ca, et + i, 4);
+    std::memcpy(&cb, et2 + i, 4);
+    const __m256 dx = _mm256_broadcast_ss(dt + i);
+    const __m256 ta =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc_a, _mm256_set1_epi32(ca))), dx);
+    const __m256 tb =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc_b, _mm256_set1_epi32(cb))), dx);
+    fa[i] = _mm256_fmadd_ps(ta, dwa, fa[i]);
+    fb[i] = _mm256_fmadd_ps(tb, dwb, fb[i]);
+  }
+}
+
+// dw / mw of sub-block b for rows 8h .. 8h+7; Q6_K: the scales of its first and its last 16
+// elements.
 template <GgmlType T>
 inline void sub_block_scales(const uint8_t* blk, int64_t nsub, int64_t b, int h, __m256* dw,
                              __m256* mw) {
   using P = Packed<T>;
   const uint8_t* scales = blk + nsub * P::kCodeBytes;
+  if constexpr (P::kSix) {  // Q6_K: d * sc[2 j], d * sc[2 j + 1], as avx512's
+    const uint8_t* head = scales + (b / kSuperSubs) * P::kFormat.super_head_bytes;
+    const int64_t j = b % kSuperSubs;
+    auto bytes = [&](int64_t at) {
+      return _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(head + at))));
+    };
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(head + 16 * h)));
+    *dw = _mm256_mul_ps(d, bytes(32 + 32 * j + 8 * h));
+    *mw = _mm256_mul_ps(d, bytes(48 + 32 * j + 8 * h));
+    return;
+  }
   if constexpr (P::kFormat.super()) {  // Q4_K: dw = d * sc[j], mw = -(dmin * mn[j]), rows 8h..
     const uint8_t* head = scales + (b / kSuperSubs) * P::kFormat.super_head_bytes;
     const int64_t j = b % kSuperSubs;
@@ -296,6 +386,7 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
   const int8_t* xt = a.qt + tile * nsub * 256;
   const float* dt = a.dt + tile * nsub * kMaxTile;
   const float* et = a.et + tile * nsub * kMaxTile;
+  const float* et2 = P::kSix ? a.et2 + tile * nsub * kMaxTile : nullptr;
   const int64_t pf_lines = (block_bytes / 64 + nsub - 1) / nsub;
   int64_t pf_at = 0;
   auto prefetch = [&] {
@@ -310,19 +401,30 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
     __m256 even[R], odd[R];
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) even[i] = odd[i] = _mm256_setzero_ps();
-    auto step = [&](int64_t b, __m256* facc) {
-      __m256 dw, mw;
-      if (h == 0) prefetch();
-      sub_block_scales<T>(blk, nsub, b, h, &dw, &mw);
-      sub_block<T, R>(blk + b * P::kCodeBytes + 32 * h, dw, mw, xt + b * 256, dt + b * kMaxTile,
-                      et + b * kMaxTile, facc);
-    };
-    int64_t b = 0;
-    for (; b + 2 <= nsub; b += 2) {
-      step(b, even);
-      step(b + 1, odd);
+    if constexpr (P::kSix) {  // both chains in every sub-block (its two halves of 16)
+      for (int64_t b = 0; b < nsub; ++b) {
+        __m256 dwa, dwb;
+        if (h == 0) prefetch();
+        sub_block_scales<T>(blk, nsub, b, h, &dwa, &dwb);
+        const int64_t at = b * kMaxTile;
+        sub_block_six<R>(blk + b * P::kCodeBytes + 32 * h, dwa, dwb, xt + b * 256, dt + at, et + at,
+                         et2 + at, even, odd);
+      }
+    } else {
+      auto step = [&](int64_t b, __m256* facc) {
+        __m256 dw, mw;
+        if (h == 0) prefetch();
+        sub_block_scales<T>(blk, nsub, b, h, &dw, &mw);
+        sub_block<T, R>(blk + b * P::kCodeBytes + 32 * h, dw, mw, xt + b * 256, dt + b * kMaxTile,
+                        et + b * kMaxTile, facc);
+      };
+      int64_t b = 0;
+      for (; b + 2 <= nsub; b += 2) {
+        step(b, even);
+        step(b + 1, odd);
+      }
+      if (b < nsub) step(b, even);
     }
-    if (b < nsub) step(b, even);
     const int64_t here = std::min<int64_t>(8, valid - 8 * h);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
@@ -407,13 +509,14 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
   const size_t qt_bytes = r64(a.tiles * a.nsub * 256);
   const size_t t_bytes = r64(a.tiles * a.nsub * kMaxTile * 4);
   auto* mem = static_cast<uint8_t*>(
-      thread_scratch(kScratchActivations).get(q_bytes + 3 * d_bytes + qt_bytes + 2 * t_bytes));
+      thread_scratch(kScratchActivations).get(q_bytes + 3 * d_bytes + qt_bytes + 3 * t_bytes));
   a.q = reinterpret_cast<int8_t*>(mem);
   a.d = reinterpret_cast<float*>(mem += q_bytes);
   a.s16 = reinterpret_cast<int32_t*>(mem += d_bytes);  // 2 d_bytes
   a.qt = reinterpret_cast<int8_t*>(mem += 2 * d_bytes);
   a.dt = reinterpret_cast<float*>(mem += qt_bytes);
   a.et = reinterpret_cast<float*>(mem += t_bytes);
+  a.et2 = reinterpret_cast<float*>(mem += t_bytes);
 
   const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
   if (pool == nullptr || pool->size() == 1) {
@@ -464,6 +567,8 @@ void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float*
       return packed_matmul<GgmlType::kQ5_0>(w, x, n, y, pool);
     case GgmlType::kQ5_1:
       return packed_matmul<GgmlType::kQ5_1>(w, x, n, y, pool);
+    case GgmlType::kQ6_K:
+      return packed_matmul<GgmlType::kQ6_K>(w, x, n, y, pool);
     default:
       SPECDEC_CHECK(false, "packed_matmul_avx2: type has no packed layout it reads");
   }

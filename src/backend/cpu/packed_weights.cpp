@@ -159,7 +159,8 @@ PackedWeights PackedWeights::pack(std::span<const WeightMatrix> parts, ThreadPoo
                 " has no packed layout");
   }
   if (packed_format(first.type).six_bit && parts.size() > 1) {
-    // The AVX2 kernels multiply Q6_K from the file's rows, which a stack does not keep.
+    // A prefill multiplies Q6_K from the file's rows (AVX-512 panels, the AVX2 tile kernel),
+    // which a stack does not keep.
     throw Error("PackedWeights::pack: Q6_K matrices are packed one by one, not stacked");
   }
   PackedWeights out;

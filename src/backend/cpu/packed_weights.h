@@ -37,8 +37,8 @@
 //     kernels with the reference's float products.
 //   Q6_K instead of d: per super-block, 288 bytes: d [16] f16, then sc [16][16] i8 (GGML's 16
 //     scales of 16 elements; dw = d * sc[s] as in the sub-block view). A Q6_K copy is never
-//     stacked (the AVX-512 panels of a prefill read its file rows).
-// The AVX-512 kernels read every layout; the AVX2 ones all but Q6_K (see avx2_reads_packed).
+//     stacked (the AVX-512 panels of a prefill and the AVX2 prefill kernel read its file rows).
+// The AVX-512 and the AVX2 kernels read every layout (see avx2_reads_packed).
 //   padding to a multiple of 64 bytes.
 // The values are exactly GGML's: the same codes and f16 scales, so the kernels run the arithmetic
 // of quant_kernels.h unchanged and equal the scalar reference bit for bit.
@@ -98,11 +98,10 @@ constexpr PackedFormat packed_format(GgmlType type) {
 // Types with a packed layout.
 bool packable(GgmlType type);
 
-// Whether the AVX2 kernels read the packed layout of `type`; they multiply Q6_K from the file's
-// rows (the parts of a stack keep them; a stacked matrix is AVX-512 only).
+// Whether the AVX2 kernels read the packed layout of `type`: that of every packable type, Q6_K
+// included (a type without one is multiplied from the file's rows).
 constexpr bool avx2_reads_packed(GgmlType type) {
-  const PackedFormat f = packed_format(type);
-  return f.code_bytes != 0 && !f.six_bit;
+  return packed_format(type).code_bytes != 0;
 }
 
 // Bytes of one block of 16 rows for a row of `cols` elements (0 if the type is not packable).

@@ -38,7 +38,7 @@ void quantize_activations_ref(const float* x, int64_t cols, int8_t* q, float* d,
 void matmul_ref(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
 void matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
 void matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool* pool);
-// w.packed set (packed_weights.h); Q4_0, Q4_1, Q8_0 or Q4_K. From kPackedPanelMinRows rows on,
+// w.packed set (packed_weights.h); any packable type. From kPackedPanelMinRows rows on,
 // matmul_avx512's panel kernel (building its panels from the packed rows) is faster.
 inline constexpr int64_t kPackedPanelMinRows = 32;
 // glu: x is [n, 2 cols] gate | up and the activations are swiglu(gate, up) (matmul_swiglu).
@@ -46,7 +46,7 @@ void packed_matmul_avx512(const WeightMatrix& w, const float* x, int64_t n, floa
                           ThreadPool* pool, bool glu = false);
 // matmul_prefetch() for packed weights: the start of thread ti's stretch.
 void packed_prefetch_avx512(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);
-// The AVX2 kernel over packed weights (Q4_0, Q4_1, Q8_0 or Q4_K; any n, used below
+// The AVX2 kernel over packed weights (any packable type; any n, used below
 // kPackedPanelMinRows rows and for packed-only matrices) and its matmul_prefetch().
 void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y,
                         ThreadPool* pool);
