@@ -158,6 +158,10 @@ struct MethodSpec {
   const char* name;
   Method method;
   int draft_length;
+  // The adaptive draft-model policy with its cost rules: chains end and branch alternatives are
+  // dropped by the draft's own probabilities (DraftDecoder's gains), speculation goes on and off
+  // (DraftLengthConfig::proposer_stops). Costs high enough that the rules cut trees here.
+  bool gains = false;
 };
 
 const MethodSpec kMethods[] = {
@@ -168,6 +172,7 @@ const MethodSpec kMethods[] = {
     {"draft_sampled_q", Method::kDraftSampled, 4},
     {"draft_tree_greedy", Method::kDraftTree, 6},
     {"draft_tree_sampled_mixed", Method::kDraftSampledTree, 5},
+    {"draft_tree_sampled_gains", Method::kDraftSampledTree, 5, true},
     {"redrafter_3x2", Method::kReDrafter, 6},
     {"medusa_tree", Method::kMedusa, 6},
 };
@@ -288,6 +293,12 @@ void check_methods(Model& target, const std::vector<int32_t>& prompt, const Samp
       config.proposer = proposer.get();
       config.draft.adaptive = false;
       config.draft.max_draft = m.draft_length;
+      if (m.gains) {
+        config.draft.adaptive = true;
+        config.draft.proposer_stops = true;
+        config.draft_token_cost = 0.3;    // chains end below reach x q = 0.45
+        config.verify_token_cost = 0.15;  // alternatives dropped below reach x q = 0.15
+      }
       const std::vector<int32_t> out = gen.generate(prompt, config, nullptr, &st);
       ASSERT_EQ(out.size(), 6u);
       add_sample(exact, std::span<const int32_t>(out).first(3), &s);
