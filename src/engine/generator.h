@@ -16,6 +16,7 @@
 
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "model/prefill.h"  // prefill(), used with the Generator
 #include "sample/sampler.h"
 #include "speculative/verifier.h"
 #include "speculative/draft_length.h"
@@ -98,10 +99,5 @@ class Generator {
   std::vector<int64_t> keep_;        // KV slots kept after verification
   std::vector<float> hidden_;        // [dim] target hidden state before the root
 };
-
-// Runs prompt tokens [0, n) through the model into kv (which must be empty), in chunks, and
-// returns the logits of the last prompt token: [n_vocab]; with `hidden`, also its hidden state.
-std::vector<float> prefill(Model& model, KvCache& kv, std::span<const int32_t> prompt,
-                           int chunk, ThreadPool* pool, std::vector<float>* hidden = nullptr);
 
 }  // namespace specdec

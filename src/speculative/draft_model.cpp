@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "model/gguf.h"
+#include "model/prefill.h"
 #include "util/check.h"
 
 namespace specdec {
@@ -49,17 +50,13 @@ void DraftModelProposer::begin(std::span<const int32_t> prompt, uint64_t seed) {
   decoder_.begin(seed);
   // A prompt that leaves no room for a draft is never drafted for (draft_room).
   if (prompt.empty() || n_prompt_ + 1 >= kv_.capacity()) return;
-  constexpr int64_t kChunk = 512;  // tokens per pass (bounds the pass's scratch)
-  for (int64_t begin = 0; begin < n_prompt_; begin += kChunk) {
-    const int64_t len = std::min(kChunk, n_prompt_ - begin);
-    positions_.resize(static_cast<size_t>(len));
-    for (int64_t i = 0; i < len; ++i) positions_[i] = static_cast<int32_t>(begin + i);
-    ForwardBatch b;
-    b.tokens = prompt.subspan(static_cast<size_t>(begin), static_cast<size_t>(len));
-    b.positions = positions_;  // no output rows: K/V only
-    draft_.forward(kv_, b, pool_);
-    cache_.tokens.insert(cache_.tokens.end(), b.tokens.begin(), b.tokens.end());
+  try {
+    prefill(draft_, kv_, prompt, /*chunk=*/512, pool_, /*hidden=*/nullptr, /*logits=*/false);
+  } catch (...) {
+    kv_.clear();  // the chunks before a failed pass: the first propose() reads them again
+    throw;
   }
+  cache_.tokens.assign(prompt.begin(), prompt.end());
 }
 
 std::span<const float> DraftModelProposer::step(int32_t token) {
