@@ -98,7 +98,7 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
   } else if (o.num_draft == "auto") {
     dl.adaptive = true;
     dl.max_draft = o.num_draft_max;
-    // A draft model ends its chains by its own probabilities (DraftDecoder's min_gain).
+    // A draft model ends its chains by its own probabilities (DraftDecoder's cost rules).
     dl.proposer_stops = o.spec == "draft";
   } else {
     int n = -1;

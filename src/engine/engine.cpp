@@ -359,7 +359,7 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
     DraftLengthConfig dl;
     dl.max_draft = r.spec.num_draft;
     dl.adaptive = r.spec.adaptive;
-    // A draft model ends its chains by its own probabilities (DraftJob::min_gain below).
+    // A draft model ends its chains by its own probabilities (DraftDecoder's cost rules).
     dl.proposer_stops = r.spec.method == SpecMethod::kDraft;
     s.draft_length.emplace(dl);
   }
@@ -513,12 +513,11 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     --n_spec;
     if (k <= 0) continue;
     if (s.draft_model) {
-      // Adaptive chains end where another draft step and its node would not pay, both
-      // counted against the sequence's solo pass, as Generator does (same trees as solo).
-      const bool gains = s.request.spec.adaptive;
-      const double node = config_.verify_token_cost;
+      // Adaptive chains follow the decoder's cost rules, counted against the sequence's solo
+      // pass as Generator does (the same trees as solo).
       draft_jobs_.push_back(DraftJob{s.id, s.tokens, static_cast<int>(k), &s.tree, s.n_prompt,
-                                     gains ? draft_token_cost_ + node : 0.0, gains ? node : 0.0});
+                                     s.request.spec.adaptive ? draft_token_cost_ : 0.0,
+                                     config_.verify_token_cost});
       draft_seqs_.push_back(&s);
       budget_left -= k;
       continue;

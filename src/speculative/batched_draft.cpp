@@ -128,7 +128,7 @@ void BatchedDraftModel::propose(std::span<const DraftJob> jobs) {
         0, (planned_.gap_end - planned_.gap_begin) - (s.cache.gap_end - s.cache.gap_begin));
     std::swap(s.cache, planned_);
     s.evicted = false;
-    s.decoder.start(max_tokens, job.min_gain, job.min_node_gain);
+    s.decoder.start(max_tokens, job.draft_step_cost, job.node_cost);
     w.run.resize(static_cast<size_t>(n_run));
     for (int64_t i = 0; i < n_run; ++i) w.run[i] = job.tokens[static_cast<size_t>(w.positions[i])];
     w.row = static_cast<int32_t>(n_run - 1);

@@ -43,8 +43,8 @@ struct DraftJob {
   int max_tokens = 0;               // draft nodes to add at most
   TokenTree* tree = nullptr;        // reset to tokens[n-1]; receives the drafts
   int64_t n_prompt = 0;             // tokens[0, n_prompt) are the prompt (always read whole)
-  double min_gain = 0.0;            // DraftDecoder::start's (0: chains end at max_tokens)
-  double min_node_gain = 0.0;       // DraftDecoder::start's (0: every branch alternative)
+  double draft_step_cost = 0.0;     // DraftDecoder::start's (0: no cost rules)
+  double node_cost = 0.0;           // DraftDecoder::start's
 };
 
 struct BatchedDraftStats {

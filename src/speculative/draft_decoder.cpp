@@ -25,11 +25,12 @@ void DraftDecoder::begin(uint64_t seed) {
   sampler_ = Sampler(params);
 }
 
-void DraftDecoder::start(int max_tokens, double min_gain, double min_node_gain) {
+void DraftDecoder::start(int max_tokens, double step_cost, double node_cost) {
   SPECDEC_CHECK(max_tokens >= 1, "a draft tree needs room for one token");
   max_tokens_ = max_tokens;
-  min_gain_ = min_gain;
-  min_node_gain_ = min_node_gain;
+  const bool rules = step_cost > 0;
+  min_gain_ = rules ? step_cost + node_cost : 0.0;
+  min_node_gain_ = rules ? node_cost : 0.0;
   reach_ = 1.0;
   parent_ = 0;
   added_ = 0;

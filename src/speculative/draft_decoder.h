@@ -8,13 +8,15 @@
 //   add the drafted token under the current node (sampled: drawn from q, q kept in the tree for
 //   lossless rejection sampling; greedy: argmax q);
 //   at the first branch_levels depths, add the next-best branch_top_k - 1 tokens of q as leaf
-//   siblings (with min_node_gain > 0, only those with reach(parent) * q(alternative) >=
-//   min_node_gain: likely enough to pay their verification);
-//   stop when max_tokens nodes were added, or when min_gain > 0 and reach * q(token) <
-//   min_gain, where reach is the product of q over the chain's drafted tokens (the chance,
-//   by the draft's own probabilities, that the whole chain is accepted) and q(token) stands for
-//   the next token's chance: another draft step and its verified token (min_gain, in target
-//   passes) would not pay; else the drafted token is the one to run next.
+//   siblings (with cost rules, only those with reach(parent) * q(alternative) >= node_cost:
+//   likely enough to pay their verification);
+//   stop when max_tokens nodes were added, or (cost rules) when reach * q(token) <
+//   step_cost + node_cost, where reach is the product of q over the chain's drafted tokens (the
+//   chance, by the draft's own probabilities, that the whole chain is accepted) and q(token)
+//   stands for the next token's chance: another draft step and its verified token would not
+//   pay; else the drafted token is the one to run next.
+// The cost rules apply when start() is given a draft step cost > 0 (costs in target passes of
+// the sequence alone: DraftRequest::draft_step_cost / node_cost, DraftJob's in the engine).
 #pragma once
 
 #include <cstdint>
@@ -54,10 +56,9 @@ class DraftDecoder {
   // its own, distinct from the target's), so drafts are fresh per sequence yet replay exactly.
   void begin(uint64_t seed);
 
-  // A new tree (already reset to its root) that may receive up to max_tokens >= 1 drafts; a
-  // chain goes on while it is likely enough to pay min_gain, a branch alternative is added when
-  // likely enough to pay min_node_gain (0: no such rule; see above).
-  void start(int max_tokens, double min_gain = 0.0, double min_node_gain = 0.0);
+  // A new tree (already reset to its root) that may receive up to max_tokens >= 1 drafts; with
+  // step_cost > 0 the cost rules above decide where chains end and which alternatives stay.
+  void start(int max_tokens, double step_cost = 0.0, double node_cost = 0.0);
 
   // One depth: `logits` ([n_vocab]) are the draft's at the current chain node, `history` the
   // tokens up to and including that node (the sequence, then the chain's drafts). Adds the
@@ -74,8 +75,8 @@ class DraftDecoder {
   int parent_ = 0;  // the current chain node
   int added_ = 0;   // nodes added to the tree
   int depth_ = 0;   // depth of the current chain node
-  double min_gain_ = 0.0;
-  double min_node_gain_ = 0.0;
+  double min_gain_ = 0.0;       // step_cost + node_cost (0: no chain rule)
+  double min_node_gain_ = 0.0;  // node_cost (0: every alternative)
   double reach_ = 1.0;  // product of q over the chain's drafted tokens
 };
 

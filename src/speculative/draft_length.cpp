@@ -112,16 +112,14 @@ double DraftLengthController::pass_estimate(int m) const {
 
 void DraftLengthController::record(int drafted, int accepted, double draft_seconds,
                                    double pass_seconds, int draft_depth) {
+  const double w = config_.ema;
+  auto blend = [w](double old, double now) { return old <= 0 ? now : (1 - w) * old + w * now; };
   if (config_.proposer_stops && config_.adaptive) {
-    if (drafted == 0) {
-      t1_ = t1_ <= 0 ? pass_seconds : (1 - config_.ema) * t1_ + config_.ema * pass_seconds;
-    }
+    if (drafted == 0) t1_ = blend(t1_, pass_seconds);
     record_on_off(drafted, accepted, draft_seconds, pass_seconds);
     return;
   }
   ++step_;
-  const double w = config_.ema;
-  auto blend = [w](double old, double now) { return old <= 0 ? now : (1 - w) * old + w * now; };
   if (drafted == 0) {
     t1_ = blend(t1_, pass_seconds);
     steps_since_plain_ = 0;

@@ -16,7 +16,7 @@
 //
 // A proposer that ends its own drafts where they stop paying (a draft model drafting while the
 // chance of its chain, by its own probabilities, is worth another draft step: DraftDecoder's
-// min_gain) sets `proposer_stops`: the controller then only turns speculation on and off. It asks
+// cost rules) sets `proposer_stops`: the controller then only turns speculation on and off. It asks
 // for max_draft while on, and turns off when the depth-1 acceptance (a slow running average)
 // falls below 0.7x what a first draft costs (its draft step and verified token, in 1-token
 // passes): below that a first draft no longer earns its cost even counted generously. Off, it

@@ -91,9 +91,7 @@ void DraftModelProposer::propose(const DraftRequest& request, TokenTree* tree) {
   if (max_tokens <= 0) return;
   try {
     std::span<const float> logits = sync(request.tokens);
-    const bool gains = request.draft_step_cost > 0;
-    decoder_.start(max_tokens, gains ? request.draft_step_cost + request.node_cost : 0.0,
-                   gains ? request.node_cost : 0.0);
+    decoder_.start(max_tokens, request.draft_step_cost, request.node_cost);
     // cache_.tokens is the draft's view of the sequence, with the chain's drafts appended.
     for (int32_t token; (token = decoder_.next(logits, cache_.tokens, tree)) !=
                         DraftDecoder::kStop;) {

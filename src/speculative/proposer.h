@@ -27,7 +27,7 @@ struct DraftRequest {
   double node_cost = 0.0;
   // What one more step of a draft model costs, in target passes of this sequence alone (the
   // cost model); 0: no such stop. A draft model drafts on while its chain is likely enough to
-  // pay it and node_cost (DraftDecoder's min_gain).
+  // pay it and node_cost (DraftDecoder's cost rules).
   double draft_step_cost = 0.0;
 };
 

@@ -1,7 +1,7 @@
-// DraftDecoder's gains: a chain goes on while the product of the draft's probabilities of its
-// tokens, times the last one's, is at least min_gain (p_min and max_tokens still stop it first);
-// a branch alternative is added while the parent's chance times its own probability is at least
-// min_node_gain.
+// DraftDecoder's cost rules: a chain goes on while the product of the draft's probabilities of
+// its tokens, times the last one's, is at least a draft step's cost plus a node's (p_min and
+// max_tokens still stop it first); a branch alternative is added while the parent's chance times
+// its own probability is at least a node's cost.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +23,7 @@ std::vector<float> logits_with(int best, double p) {
 }
 
 // Drafts with the given top probabilities per depth; returns the chain's length.
+// min_gain: the chain's threshold, given as the step cost with a node cost of 0.
 int chain_length(int unused, double min_gain, std::vector<double> ps,
                  int max_tokens = 8, float p_min = 0.0f) {
   (void)unused;
@@ -32,7 +33,7 @@ int chain_length(int unused, double min_gain, std::vector<double> ps,
   d.begin(1);
   TokenTree tree;
   tree.reset(0);
-  d.start(max_tokens, min_gain);
+  d.start(max_tokens, /*step_cost=*/min_gain, /*node_cost=*/0.0);
   std::vector<int32_t> history = {0};
   for (size_t i = 0; i < ps.size(); ++i) {
     const std::vector<float> l = logits_with(1 + static_cast<int>(i % 7), ps[i]);
@@ -57,8 +58,9 @@ TEST(DraftDecoder, AChainGoesOnWhileItsChanceCoversTheGain) {
 }
 
 // Top-3 branches at the first two levels; level 1: q = 0.6 / 0.3 / 0.06, level 2 (reach 0.6):
-// q = 0.9 / 0.08 / 0.01. With min_node_gain 0.1 the alternatives kept are 0.3 at level 1
-// (0.3 >= 0.1; 0.06 is not) and none at level 2 (0.6 x 0.08 = 0.048).
+// q = 0.9 / 0.08 / 0.01. With a node cost of 0.1 (and a draft step of 0.05, which turns the
+// rules on: chains go on above 0.15, as both levels here do) the alternatives kept are 0.3 at
+// level 1 (0.3 >= 0.1; 0.06 is not) and none at level 2 (0.6 x 0.08 = 0.048).
 TEST(DraftDecoder, BranchAlternativesAreKeptWhileLikelyEnough) {
   auto run = [](double min_node_gain) {
     DraftModelConfig config;
@@ -68,7 +70,7 @@ TEST(DraftDecoder, BranchAlternativesAreKeptWhileLikelyEnough) {
     d.begin(1);
     TokenTree tree;
     tree.reset(0);
-    d.start(16, 0.0, min_node_gain);
+    d.start(16, min_node_gain > 0 ? 0.05 : 0.0, min_node_gain);
     std::vector<int32_t> history = {0};
     const std::vector<std::vector<double>> levels = {{0, 0.6, 0.3, 0.06, 0.04, 0, 0, 0},
                                                      {0, 0, 0, 0, 0.9, 0.08, 0.01, 0.01}};
