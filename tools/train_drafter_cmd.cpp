@@ -43,7 +43,7 @@ struct TrainDrafterOptions {
   std::string model;
   std::string kind = "redrafter";
   std::string data;          // prompts (JSONL of strings)
-  std::string dataset;       // the distillation dataset file
+  std::vector<std::string> datasets;  // distillation dataset files (shards, joined in order)
   std::string out;
   std::string checkpoint;    // default: out + ".ckpt"
   std::string dtype = "f16";
@@ -51,9 +51,11 @@ struct TrainDrafterOptions {
   int threads = 0;
   // dataset
   int max_prompts = 0;
+  int first_prompt = 0;
   int max_new_tokens = 256;
   int max_prompt_tokens = 512;
   bool no_chat = false;
+  bool dataset_only = false;
   // head
   int draft_vocab = 4096;
   int state_dim = 256;
@@ -100,13 +102,18 @@ void check_options(const TrainDrafterOptions& o) {
   if (o.kind != "redrafter" && o.kind != "medusa") {
     throw Error(fmt::format("--kind: unknown head kind '{}' (redrafter or medusa)", o.kind));
   }
-  if (o.out.empty()) throw Error("--out: the head file to write is required");
+  if (o.out.empty() && !o.dataset_only) {
+    throw Error("--out: the head file to write is required (or --dataset-only)");
+  }
   const std::string stem = file_stem(o.data);
   if (stem.rfind("humaneval", 0) == 0 || stem.rfind("mtbench", 0) == 0) {
     throw Error(fmt::format(
         "--data {}: a benchmark prompt set; train on other prompts (e.g. ShareGPT: "
         "scripts/fetch-prompts.sh sharegpt) so that benchmark figures stay honest",
         o.data));
+  }
+  if (o.kind == "medusa" && o.train.soft_labels > 0) {
+    throw Error("--soft-labels: ReDrafter heads only for now");
   }
   if (o.out.size() >= 5 && o.out.substr(o.out.size() - 5) == ".ckpt") {
     throw Error("--out: the head file must not end in .ckpt (that is the checkpoint's name)");
@@ -149,13 +156,21 @@ DistillDataset get_dataset(const TrainDrafterOptions& o, const std::string& path
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model.file());
   DistillOptions d_opt;
   d_opt.max_prompts = o.max_prompts;
+  d_opt.first_prompt = o.first_prompt;
   d_opt.max_new_tokens = o.max_new_tokens;
   d_opt.max_prompt_tokens = o.max_prompt_tokens;
   d_opt.seed = o.train.seed;
   d_opt.chat = !o.no_chat;
-  fmt::print(stderr, "dataset: answering {} prompts of {} with the target (max {} new tokens)\n",
-             o.max_prompts > 0 ? std::min<size_t>(o.max_prompts, prompts.size()) : prompts.size(),
-             data, o.max_new_tokens);
+  if (static_cast<size_t>(o.first_prompt) >= prompts.size()) {
+    throw Error(fmt::format("--first-prompt {}: {} holds {} prompts", o.first_prompt, data,
+                            prompts.size()));
+  }
+  const size_t available = prompts.size() - static_cast<size_t>(o.first_prompt);
+  fmt::print(stderr,
+             "dataset: answering {} prompts of {} from index {} with the target (max {} new "
+             "tokens)\n",
+             o.max_prompts > 0 ? std::min<size_t>(o.max_prompts, available) : available, data,
+             o.first_prompt, o.max_new_tokens);
   const auto t0 = std::chrono::steady_clock::now();
   double last_shown = -1;
   DistillDataset d = build_distill_dataset(
@@ -167,8 +182,13 @@ DistillDataset get_dataset(const TrainDrafterOptions& o, const std::string& path
                    format_duration(s),
                    format_duration(done > 0 ? s / static_cast<double>(done) * (total - done) : -1));
       });
-  fmt::print(stderr, "\ndataset: {} sequences, {} tokens in {}; saving {}\n", d.n_seqs(),
-             d.n_tokens(), format_duration(seconds_since(t0)), path);
+  const nlohmann::json facts = nlohmann::json::parse(d.facts, nullptr, false);
+  fmt::print(stderr,
+             "\ndataset: {} sequences, {} tokens in {}; saving {} (a next shard starts at "
+             "--first-prompt {})\n",
+             d.n_seqs(), d.n_tokens(), format_duration(seconds_since(t0)), path,
+             facts.is_object() && facts.contains("next_prompt") ? facts["next_prompt"].dump()
+                                                                : "?");
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   save_distill_dataset(path, d);
@@ -202,18 +222,51 @@ void run_train_drafter(TrainDrafterOptions& o) {
   std::unique_ptr<Model> model = load_model_with_progress(path, /*quiet=*/false);
   ThreadPool pool(compute_threads(o.threads));
   const std::string data_name = o.data.empty() ? "sharegpt" : file_stem(o.data);
-  const std::string dataset_path =
-      !o.dataset.empty()
-          ? o.dataset
-          : fmt::format("{}/distill/{}-{}-p{}-n{}.sdds", cache_dir(), file_stem(path), data_name,
-                        o.max_prompts, o.max_new_tokens);
-  const DistillDataset data = get_dataset(o, dataset_path, *model, &pool);
+  std::vector<std::string> dataset_paths = o.datasets;
+  if (dataset_paths.empty()) {
+    dataset_paths.push_back(fmt::format("{}/distill/{}-{}-p{}-n{}{}.sdds", cache_dir(),
+                                        file_stem(path), data_name, o.max_prompts,
+                                        o.max_new_tokens,
+                                        o.first_prompt > 0
+                                            ? fmt::format("-from{}", o.first_prompt)
+                                            : std::string()));
+  }
+  if (dataset_paths.size() > 1) {  // shards: all must exist (each is built by its own run)
+    for (const std::string& p : dataset_paths) {
+      if (!std::filesystem::exists(p)) {
+        throw Error(fmt::format(
+            "--dataset {}: no such file; with several --dataset files every one must exist "
+            "(build a shard with one --dataset and --first-prompt)",
+            p));
+      }
+    }
+  }
+  DistillDataset data = get_dataset(o, dataset_paths[0], *model, &pool);
+  for (size_t i = 1; i < dataset_paths.size(); ++i) {
+    append_distill_dataset(data, get_dataset(o, dataset_paths[i], *model, &pool));
+  }
+  if (dataset_paths.size() > 1) {
+    fmt::print(stderr, "dataset: {} shards joined: {} sequences, {} tokens\n",
+               dataset_paths.size(), data.n_seqs(), data.n_tokens());
+  }
+  std::string dataset_path;  // the files' names, for messages and the head's metadata
+  for (const std::string& p : dataset_paths) {
+    dataset_path += (dataset_path.empty() ? "" : ",") + p;
+  }
+  if (o.dataset_only) {
+    fmt::print(stderr, "dataset: {} sequences, {} tokens; no training (--dataset-only)\n",
+               data.n_seqs(), data.n_tokens());
+    return;
+  }
 
   const ModelConfig& cfg = model->config();
   std::vector<int32_t> vocab = choose_draft_vocab(data, o.draft_vocab);
   if (vocab.empty()) throw Error(fmt::format("{}: the dataset has no answer tokens", dataset_path));
-  std::vector<float> out_rows;
-  if (o.init_out == "target") out_rows = target_output_rows(*model, vocab);
+  std::vector<float> out_rows;  // [V_d, dim] the target's output rows of the draft vocabulary
+  if (o.init_out == "target" || o.train.soft_labels > 0) {
+    out_rows = target_output_rows(*model, vocab);
+  }
+  o.train.soft_rows = out_rows;
   if (o.checkpoint.empty()) o.checkpoint = o.out + ".ckpt";
   for (const std::string& file : {o.out, o.checkpoint}) {  // before hours of training, not after
     const std::filesystem::path parent = std::filesystem::path(file).parent_path();
@@ -259,7 +312,11 @@ void run_train_drafter(TrainDrafterOptions& o) {
       }
     }
     info["train.command"] = cmdline;
-    info["train.dataset"] = std::filesystem::path(dataset_path).filename().string();
+    std::string names;
+    for (const std::string& p : dataset_paths) {
+      names += (names.empty() ? "" : ",") + std::filesystem::path(p).filename().string();
+    }
+    info["train.dataset"] = names;
     info["train.dataset_facts"] = data.facts;
     info["train.sequences"] = fmt::format("{} train, {} held out", r.n_train_seqs, r.n_eval_seqs);
     info["train.positions"] = std::to_string(r.n_train_positions);
@@ -272,6 +329,7 @@ void run_train_drafter(TrainDrafterOptions& o) {
     info["train.lr"] = fmt::format("{}", o.train.lr);
     info["train.seed"] = std::to_string(o.train.seed);
     info["train.init_out"] = o.init_out;
+    info["train.soft_labels"] = fmt::format("{}", o.train.soft_labels);
     info["train.seconds"] = fmt::format("{:.1f}", r.seconds);
     info["train.positions_per_s"] = fmt::format("{:.0f}", r.positions_per_s);
     info["train.threads"] = std::to_string(pool.size());
@@ -297,7 +355,7 @@ void run_train_drafter(TrainDrafterOptions& o) {
     const MedusaShape mshape{cfg.dim, o.heads, static_cast<int>(vocab.size()), cfg.n_vocab};
     MedusaWeights mw = make_medusa(mshape, vocab, model->fingerprint());
     init_medusa(mw, o.train.seed, o.init_scale, o.init_out == "zero" ? 0.0 : -1.0,
-                out_rows.empty() ? nullptr : out_rows.data());
+                o.init_out == "target" ? out_rows.data() : nullptr);
     o.train.checkpoint_every = 0;  // not supported for Medusa yet (train_medusa refuses resume)
     o.train.checkpoint_path.clear();
     fmt::print(stderr,
@@ -326,7 +384,8 @@ void run_train_drafter(TrainDrafterOptions& o) {
   ReDrafterInitOptions init;
   init.scale = o.init_scale;
   if (o.init_out == "zero") init.out_std = 0.0;
-  init_redrafter(w, o.train.seed, init, out_rows.empty() ? nullptr : out_rows.data());
+  init_redrafter(w, o.train.seed, init,
+                 o.init_out == "target" ? out_rows.data() : nullptr);
   std::vector<int32_t> all_ids(cfg.n_vocab);
   for (int i = 0; i < cfg.n_vocab; ++i) all_ids[i] = i;
   std::vector<float> embedding(static_cast<size_t>(cfg.n_vocab) * cfg.dim);  // [n_vocab, dim]
@@ -366,11 +425,18 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--data", o->data,
                   "Prompts, one JSON string a line (default: $SPECDEC_CACHE/prompts/"
                   "sharegpt.jsonl from scripts/fetch-prompts.sh sharegpt)");
-  cmd->add_option("--dataset", o->dataset,
+  cmd->add_option("--dataset", o->datasets,
                   "Distillation dataset file: built from --data with the target if missing, "
-                  "reused if present (default: $SPECDEC_CACHE/distill/MODEL-DATA-pN-nN.sdds)");
-  cmd->add_option("--out", o->out, "Head file to write (safetensors)")->required();
+                  "reused if present (default: $SPECDEC_CACHE/distill/MODEL-DATA-pN-nN.sdds); "
+                  "repeat it to train on several shards joined in order (all must exist)");
+  cmd->add_option("--out", o->out, "Head file to write (safetensors; not with --dataset-only)");
+  cmd->add_flag("--dataset-only", o->dataset_only,
+                "Build (or load and check) the dataset, then stop: a shard made ahead of training");
   cmd->add_option("--max-prompts", o->max_prompts, "Prompts answered for the dataset (0: all)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--first-prompt", o->first_prompt,
+                  "Index in --data of the first prompt answered (a dataset shard: the previous "
+                  "shard's run prints where the next one starts)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Answer length at most")
       ->check(CLI::Range(2, 1 << 16))->capture_default_str();
@@ -408,6 +474,10 @@ void add_train_drafter_command(CLI::App& app) {
                   "lm_head's start: random (std 1/sqrt(width)), zero (uniform drafts at first), "
                   "or target (the target's output rows of the draft vocabulary)")
       ->check(CLI::IsMember({"random", "zero", "target"}))->capture_default_str();
+  cmd->add_option("--soft-labels", o->train.soft_labels,
+                  "Knowledge distillation: weight of the target's own distribution in each "
+                  "training label (the rest on the true token; 0: the true token only)")
+      ->check(CLI::Range(0.0, 1.0))->check(finite_number())->capture_default_str();
   cmd->add_option("--seed", o->train.seed, "Seed of the initialisation, split and shuffles")
       ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)")

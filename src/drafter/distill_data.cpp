@@ -48,6 +48,7 @@ void check_options(const DistillOptions& o) {
   if (o.max_new_tokens < 1) throw Error("distill: max_new_tokens must be at least 1");
   if (!(o.temperature >= 0.0f)) throw Error("distill: temperature must be >= 0");
   if (o.max_prompts < 0) throw Error("distill: max_prompts must be >= 0");
+  if (o.first_prompt < 0) throw Error("distill: first_prompt must be >= 0");
   if (o.max_seqs < 1) throw Error("distill: max_seqs must be at least 1");
   if (o.kv_cache_mib < 0) throw Error("distill: kv_cache_mib must be >= 0");
   if (o.hidden_chunk < 1) throw Error("distill: hidden_chunk must be at least 1");
@@ -317,7 +318,7 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
   std::vector<std::vector<int32_t>> encoded;  // [used][prompt tokens]
   std::vector<uint64_t> seeds;                // [used] options.seed + the prompt's index
   int64_t n_skipped_long = 0, n_skipped_empty = 0, n_considered = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
+  for (size_t i = static_cast<size_t>(options.first_prompt); i < prompts.size(); ++i) {
     if (options.max_prompts > 0 && static_cast<int64_t>(encoded.size()) >= options.max_prompts) {
       break;
     }
@@ -346,8 +347,10 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
   }
   if (encoded.empty()) {
     throw Error(
-        fmt::format("distill: no usable prompt among {} ({} longer than {} tokens, {} empty)",
-                    n_considered, n_skipped_long, options.max_prompt_tokens, n_skipped_empty));
+        fmt::format("distill: no usable prompt among {} from index {} ({} longer than {} "
+                    "tokens, {} empty)",
+                    n_considered, options.first_prompt, n_skipped_long, options.max_prompt_tokens,
+                    n_skipped_empty));
   }
   const auto t_encoded = Clock::now();
 
@@ -385,6 +388,8 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
   facts["target_arch"] = target.config().arch;
   facts["prompts_given"] = prompts.size();
   facts["prompts_considered"] = n_considered;
+  facts["first_prompt"] = options.first_prompt;
+  facts["next_prompt"] = options.first_prompt + n_considered;
   facts["prompts_used"] = n_seqs;
   facts["prompts_skipped_too_long"] = n_skipped_long;
   facts["prompts_skipped_empty"] = n_skipped_empty;
@@ -416,6 +421,55 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
     timings->hidden_passes = n_passes;
   }
   return d;
+}
+
+namespace {
+
+// A dataset's facts as JSON (an empty object when it has none or they do not parse).
+nlohmann::json facts_json(const std::string& facts) {
+  nlohmann::json j = nlohmann::json::parse(facts, nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+std::string facts_target(const nlohmann::json& j) {
+  return j.contains("target") && j["target"].is_string() ? j["target"].get<std::string>() : "";
+}
+
+}  // namespace
+
+void append_distill_dataset(DistillDataset& into, DistillDataset&& more) {
+  if (into.dim != more.dim) {
+    throw Error(fmt::format("distill: cannot join datasets of hidden width {} and {}", into.dim,
+                            more.dim));
+  }
+  const nlohmann::json a = facts_json(into.facts);
+  const nlohmann::json b = facts_json(more.facts);
+  const std::string ta = facts_target(a), tb = facts_target(b);
+  if (!ta.empty() && !tb.empty() && ta != tb) {
+    throw Error(fmt::format("distill: cannot join datasets of two models ({} and {})", ta, tb));
+  }
+  nlohmann::json joined;
+  joined["kind"] = "specdec distillation dataset (shards)";
+  joined["target"] = !ta.empty() ? ta : tb;
+  joined["shards"] = a.contains("shards") && a["shards"].is_array() ? a["shards"]
+                                                                    : nlohmann::json::array({a});
+  if (b.contains("shards") && b["shards"].is_array()) {
+    for (const auto& f : b["shards"]) joined["shards"].push_back(f);
+  } else {
+    joined["shards"].push_back(b);
+  }
+
+  const int64_t base = into.n_tokens();
+  if (into.seq_offsets.empty()) into.seq_offsets.push_back(0);
+  into.seq_offsets.reserve(into.seq_offsets.size() + more.n_prompt.size());
+  for (size_t s = 1; s < more.seq_offsets.size(); ++s) {
+    into.seq_offsets.push_back(base + more.seq_offsets[s]);
+  }
+  into.n_prompt.insert(into.n_prompt.end(), more.n_prompt.begin(), more.n_prompt.end());
+  into.tokens.insert(into.tokens.end(), more.tokens.begin(), more.tokens.end());
+  into.hidden.insert(into.hidden.end(), more.hidden.begin(), more.hidden.end());
+  into.facts = joined.dump();
+  more = DistillDataset{};
 }
 
 void save_distill_dataset(const std::string& path, const DistillDataset& d) {

@@ -45,6 +45,7 @@ struct DistillOptions {
   uint64_t seed = 1;
   bool chat = true;             // apply the model's chat template to each prompt
   int max_prompts = 0;          // 0: all
+  int first_prompt = 0;         // index in the list of the first prompt considered (shards)
   // Speed only (the data does not depend on them):
   int max_seqs = 16;         // answers generated together (the engine's --max-seqs)
   int64_t kv_cache_mib = 0;  // the engine's KV pool; 0: max_seqs whole sequences, <= 1 GiB
@@ -66,7 +67,9 @@ struct DistillTimings {
 // target once more to record the hidden states. progress(done, total) is called as answers
 // finish. Throws specdec::Error (bad prompt file content, no prompt usable).
 //
-// In detail: prompts are taken in order until max_prompts are used (0: all); a prompt is
+// In detail: prompts are taken in order from index first_prompt until max_prompts are used
+// (0: all); facts["next_prompt"] is the index after the last one considered (where a next
+// shard starts); a prompt is
 // encoded as `specdec generate` does (chat: the template of {"user": prompt} with the
 // generation prompt, else BOS + text, special-token text parsed); empty ones and ones of more
 // than max_prompt_tokens tokens (or no room left in the context) are skipped and counted in the
@@ -84,6 +87,12 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
 void save_distill_dataset(const std::string& path, const DistillDataset& d);
 // specdec::Error naming the file when it is missing, truncated or malformed.
 DistillDataset load_distill_dataset(const std::string& path);
+
+// Appends `more` (a shard made from the same target, e.g. the prompts after `into`'s: see
+// DistillOptions::first_prompt) after `into`'s sequences. facts become {"kind", "target",
+// "shards": [each shard's facts]}. Throws specdec::Error when the widths or targets differ;
+// `into` is unchanged then.
+void append_distill_dataset(DistillDataset& into, DistillDataset&& more);
 
 // The n most frequent tokens among the answers' tokens (ties by id), as the draft vocabulary of
 // a head: [min(n, distinct tokens)], most frequent first, equal counts by smaller id.

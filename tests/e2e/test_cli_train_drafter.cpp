@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/test_paths.h"
+#include "drafter/distill_data.h"
 #include "drafter/medusa_weights.h"
 #include "drafter/redrafter_weights.h"
 #include "drafter/train/redrafter_params.h"
@@ -108,6 +109,48 @@ TEST(CliTrainDrafter, ResumeEndsWithTheWeightsOfAnUninterruptedRun) {
   EXPECT_NE(status, 0);
   EXPECT_NE(log.find("another training run"), std::string::npos) << log;
   EXPECT_NE(log.find("lr:"), std::string::npos) << log;
+}
+
+// A dataset in shards: the first 40 prompts, then the rest from where the first run says the
+// next shard starts (--dataset-only, no head), then one training over both, with soft labels.
+TEST(CliTrainDrafter, ShardsBuiltAheadAndTrainedTogether) {
+  const std::string base = std::string(SPECDEC_BINARY_DIR) + "/specdec train-drafter -m " +
+                           test::tiny_model("stories260K.gguf") + " --data " +
+                           write_prompts("s") + " --no-chat --max-new-tokens 32 -t 2 ";
+  const std::string s1 = dir() + "/s1.sdds", s2 = dir() + "/s2.sdds";
+  std::filesystem::remove(s1);
+  std::filesystem::remove(s2);
+  int status = 0;
+  std::string log = run_stdout(base + "--dataset " + s1 + " --max-prompts 40 --dataset-only 2>&1",
+                               &status);
+  ASSERT_EQ(status, 0) << log;
+  EXPECT_NE(log.find("--dataset-only"), std::string::npos) << log;
+  const size_t at = log.find("--first-prompt ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int next = std::stoi(log.substr(at + 15));
+  EXPECT_EQ(next, 40);  // no prompt of this file is skipped
+  log = run_stdout(base + "--dataset " + s2 + " --first-prompt " + std::to_string(next) +
+                       " --dataset-only 2>&1",
+                   &status);
+  ASSERT_EQ(status, 0) << log;
+  EXPECT_EQ(load_distill_dataset(s2).n_seqs(), 80);
+  const std::string out = dir() + "/shards.safetensors";
+  log = run_stdout(base + "--dataset " + s1 + " --dataset " + s2 +
+                       " --draft-vocab 200 --state-dim 24 --batch 64 --epochs 3 "
+                       "--soft-labels 0.5 --out " + out + " 2>&1",
+                   &status);
+  ASSERT_EQ(status, 0) << log;
+  EXPECT_NE(log.find("2 shards joined: 120 sequences"), std::string::npos) << log;
+  const ReDrafterWeights w = load_redrafter(out);
+  EXPECT_EQ(w.info.at("train.dataset"), "s1.sdds,s2.sdds");
+  EXPECT_EQ(w.info.at("train.soft_labels"), "0.5");
+  EXPECT_LT(std::stod(w.info.at("train.eval_loss")), 0.6 * std::log(w.shape.n_draft_vocab));
+  // Several --dataset files must all exist.
+  log = run_stdout(base + "--dataset " + s1 + " --dataset " + dir() + "/none.sdds --out " + out +
+                       " 2>&1",
+                   &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(log.find("every one must exist"), std::string::npos) << log;
 }
 
 TEST(CliTrainDrafter, ClearErrors) {

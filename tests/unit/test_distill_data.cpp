@@ -227,6 +227,43 @@ TEST_F(DistillData, MaxPromptsCountsUsedPrompts) {
   EXPECT_EQ(d.n_prompt[1], static_cast<int32_t>(tok_->encode(prompts()[2], true, true).size()));
 }
 
+// Shards: the prompts from first_prompt on, joined after the shard before them, make the same
+// sequences, tokens and hidden rows as one run over all prompts (answers do not depend on
+// which prompts share the engine); the joined facts keep each shard's, and next_prompt says
+// where the next shard starts.
+TEST_F(DistillData, ShardsJoinedEqualOneRun) {
+  DistillOptions o = options();
+  o.max_new_tokens = 10;
+  const std::vector<std::string> ps = prompts();
+  const DistillDataset whole = build_distill_dataset(*model_, *tok_, ps, o, pool_);
+  o.max_prompts = 2;  // "Once upon a time", (empty), "The little dog ..."
+  DistillDataset a = build_distill_dataset(*model_, *tok_, ps, o, pool_);
+  const nlohmann::json fa = nlohmann::json::parse(a.facts);
+  ASSERT_EQ(fa["next_prompt"].get<int>(), 3);
+  o.max_prompts = 0;
+  o.first_prompt = 3;
+  DistillDataset b = build_distill_dataset(*model_, *tok_, ps, o, pool_);
+  EXPECT_EQ(nlohmann::json::parse(b.facts)["first_prompt"].get<int>(), 3);
+  append_distill_dataset(a, std::move(b));
+  EXPECT_EQ(a.seq_offsets, whole.seq_offsets);
+  EXPECT_EQ(a.n_prompt, whole.n_prompt);
+  EXPECT_EQ(a.tokens, whole.tokens);
+  EXPECT_EQ(a.hidden, whole.hidden);
+  const nlohmann::json joined = nlohmann::json::parse(a.facts);
+  EXPECT_EQ(joined["target"], nlohmann::json::parse(whole.facts)["target"]);
+  ASSERT_EQ(joined["shards"].size(), 2u);
+  EXPECT_EQ(joined["shards"][1]["first_prompt"].get<int>(), 3);
+
+  DistillDataset other;  // another width: refused, `a` unchanged
+  other.dim = a.dim + 1;
+  other.seq_offsets = {0};
+  const std::vector<int32_t> before = a.tokens;
+  EXPECT_THROW(append_distill_dataset(a, std::move(other)), Error);
+  EXPECT_EQ(a.tokens, before);
+  o.first_prompt = static_cast<int>(ps.size());  // past the end: nothing usable
+  EXPECT_THROW(build_distill_dataset(*model_, *tok_, ps, o, pool_), Error);
+}
+
 TEST_F(DistillData, NoUsablePromptOrBadOptionsThrow) {
   DistillOptions o = options();
   const std::vector<std::string> none = {"", "  "};
