@@ -113,10 +113,30 @@ double reference_objective(const ReDrafterWeights& w, const std::vector<float>& 
       }
       double sum = 0;
       for (int v = 0; v < V; ++v) sum += std::exp(z[v] - zmax);
-      total += zmax + std::log(sum) - z[t];
+      // The label: onehot(t), or with soft labels a * soft + (1 - a) * onehot(t).
+      double label_dot_z = z[t];
+      if (!batch.soft.empty() && batch.soft_weight != 0.0f) {
+        double pz = 0;
+        for (int v = 0; v < V; ++v) pz += double(batch.soft[size_t(r) * V + v]) * z[v];
+        label_dot_z = batch.soft_weight * pz + (1.0 - batch.soft_weight) * z[t];
+      }
+      total += zmax + std::log(sum) - label_dot_z;
     }
   }
   return total / batch.n;
+}
+
+// Soft labels for every row of `batch`: random distributions over V.
+void add_soft_labels(ReDrafterBatch* batch, int V, float weight, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  batch->soft.resize(static_cast<size_t>(batch->n) * batch->steps * V);
+  for (size_t r = 0; r < batch->soft.size() / V; ++r) {
+    float sum = 0;
+    for (int v = 0; v < V; ++v) sum += batch->soft[r * V + v] = u(gen) * u(gen);
+    for (int v = 0; v < V; ++v) batch->soft[r * V + v] /= sum;
+  }
+  batch->soft_weight = weight;
 }
 
 TEST(ReDrafterGrad, ForwardEqualsTheStepReference) {
@@ -149,11 +169,33 @@ TEST(ReDrafterGrad, ForwardEqualsTheStepReference) {
   }
 }
 
+void expect_gradients_match_finite_differences(ReDrafterWeights w, const std::vector<float>& emb,
+                                               const ReDrafterBatch& batch);
+
 TEST(ReDrafterGrad, EveryParameterMatchesFiniteDifferences) {
   const int dim = 8, S = 6, V = 11, C = 3, B = 5;
-  ReDrafterWeights w = random_head(dim, S, 2, V, 0.4f, 3);
+  expect_gradients_match_finite_differences(random_head(dim, S, 2, V, 0.4f, 3),
+                                            random_embedding(dim, 4),
+                                            random_batch(B, C, dim, V, 8));
+}
+
+// Knowledge distillation: the mixed label's objective and its gradient, every parameter.
+TEST(ReDrafterGrad, SoftLabelsMatchFiniteDifferences) {
+  const int dim = 8, S = 6, V = 11, C = 3, B = 5;
+  ReDrafterBatch batch = random_batch(B, C, dim, V, 8);
+  add_soft_labels(&batch, V, 0.7f, 21);
+  const ReDrafterWeights w = random_head(dim, S, 2, V, 0.4f, 3);
   const std::vector<float> emb = random_embedding(dim, 4);
-  const ReDrafterBatch batch = random_batch(B, C, dim, V, 8);
+  // The soft part changes the objective (a test of the mixture, not of the hard labels again).
+  ReDrafterBatch hard = batch;
+  hard.soft.clear();
+  EXPECT_GT(std::fabs(reference_objective(w, emb, batch) - reference_objective(w, emb, hard)),
+            1e-3);
+  expect_gradients_match_finite_differences(w, emb, batch);
+}
+
+void expect_gradients_match_finite_differences(ReDrafterWeights w, const std::vector<float>& emb,
+                                               const ReDrafterBatch& batch) {
   ReDrafterGradient pass;
   ReDrafterWeights g = zeros_like(w);
   ThreadPool pool(2);

@@ -155,6 +155,41 @@ TEST(TrainData, BatchInputsTargetsAndMasks) {
   EXPECT_EQ(b.hidden, (std::vector<float>{3.0f, -1.5f, 9.0f, -4.5f}));
 }
 
+// Soft labels: the target of step k of position i is predicted by h_{i+1+k}; its label is the
+// softmax of the target rows times that hidden state, summing to 1; rows past the end are 0.
+TEST(TrainData, SoftLabelsAreTheTargetsDistributionAtEachTarget) {
+  const DistillDataset d = tiny_dataset();
+  const std::vector<int32_t> map = draft_index_map(std::vector<int32_t>{9, 7, 8}, 12);
+  ReDrafterBatch b;
+  const std::vector<int64_t> pos = {3, 9};
+  make_batch(d, pos, 3, map, &b);
+  const std::vector<float> rows = {0.5f, 0.25f, -1.0f, 0.0f, 0.1f, 0.3f};  // [V_d = 3, dim = 2]
+  std::vector<float> scratch;
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    make_soft_labels(d, pos, rows, 0.6f, &b, &scratch, &pool);
+    ASSERT_EQ(b.soft.size(), 2u * 3u * 3u);
+    EXPECT_EQ(b.soft_weight, 0.6f);
+    // rows r = k * B + b: (k0, p3) h4, (k0, p9) h10, (k1, p3) past the end, (k1, p9) h11,
+    // (k2, *) past the end (position 9's sequence ends at 13: step 2 targets t13)
+    const int64_t hidden_of_row[6] = {4, 10, -1, 11, -1, -1};
+    for (int r = 0; r < 6; ++r) {
+      const float* p = b.soft.data() + r * 3;
+      if (hidden_of_row[r] < 0) {
+        EXPECT_EQ(p[0] + p[1] + p[2], 0.0f) << r;
+        continue;
+      }
+      const double i = static_cast<double>(hidden_of_row[r]);
+      double z[3], sum = 0;
+      for (int v = 0; v < 3; ++v) {
+        z[v] = rows[v * 2] * i + rows[v * 2 + 1] * (-0.5 * i);
+        sum += std::exp(z[v]);
+      }
+      for (int v = 0; v < 3; ++v) EXPECT_NEAR(p[v], std::exp(z[v]) / sum, 1e-6) << r << " " << v;
+    }
+  }
+}
+
 TEST(TrainData, SplitHoldsOutWholeSequencesBySeed) {
   const Synthetic s = make_synthetic(100, 20, 4, 16, 1);
   const PositionSplit a = split_positions(s.data, 0.1, 7), b = split_positions(s.data, 0.1, 7),

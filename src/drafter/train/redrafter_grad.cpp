@@ -161,8 +161,10 @@ ReDrafterLossStats ReDrafterGradient::run(const ReDrafterWeights& w,
   // ---- logits and the cross-entropy of each row --------------------------------------------
   linear_forward(R, D, V, x_last, D, w.w_out.data(), D, logits_.data(), V, false, pool);
   const bool backward = grad != nullptr;
+  SPECDEC_CHECK(batch.soft.empty() || static_cast<int64_t>(batch.soft.size()) == R * V,
+                "ReDrafter batch: soft labels are not [C, B, V_d]");
   score_rows(isa, logits_.data(), V, batch.targets, C, B, backward, &row_loss_, &row_argmax_,
-             &stats, pool);
+             &stats, pool, batch.soft.empty() ? nullptr : batch.soft.data(), batch.soft_weight);
   if (!backward) return stats;
 
   // ---- backward ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //   x = concat(h_b, s_{k+1});  x += SiLU(W_l x + b_l) for each block       [D]
 //   logits_k = W_o x                                                        [V_d]
 // The objective of a batch of B positions is J = (1/B) Σ_b Σ_k CE(logits_k, target_k), over
-// the targets inside the draft vocabulary (others are masked: out of the vocabulary, or past
+// the targets inside the draft vocabulary (with soft labels, target_k is the mixture of the
+// true token and the target model's distribution there) (others are masked: out of the vocabulary, or past
 // the end of the sequence). The embedding e() is frozen; every other parameter gets dJ/dθ.
 //
 // Rows are step-major: row r = k * B + b, so each step's rows are one contiguous block (the
@@ -36,6 +37,11 @@ struct ReDrafterBatch {
                                  // valid id where step k and all later ones are past the end
   std::vector<int32_t> targets;  // [C, B] draft-vocabulary index to predict at step k, or
                                  // kTargetOutOfVocab / kTargetPastEnd
+  // Soft labels (knowledge distillation; empty: none): [C, B, V_d] the target's own
+  // distribution over the draft vocabulary at each target (make_soft_labels). A scored row's
+  // cross-entropy is then taken against soft_weight * soft + (1 - soft_weight) * onehot.
+  std::vector<float> soft;
+  float soft_weight = 0.0f;
 };
 
 // Sums over the positions of one or more batches, per step k.

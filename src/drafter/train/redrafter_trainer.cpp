@@ -44,6 +44,9 @@ void check_options(const ReDrafterTrainOptions& o) {
         o.adam.eps > 0 && o.adam.weight_decay >= 0)) {
     bad("AdamW settings out of range (0 <= beta < 1, eps > 0, weight decay >= 0)");
   }
+  if (!(o.soft_labels >= 0 && o.soft_labels <= 1)) {
+    bad(fmt::format("soft label weight must be in [0, 1] (got {})", o.soft_labels));
+  }
   if ((o.checkpoint_every > 0 || o.resume) && o.checkpoint_path.empty()) {
     bad("checkpoints need a checkpoint path");
   }
@@ -83,11 +86,11 @@ std::string run_config(const ReDrafterWeights& w, const DistillDataset& d,
   return fmt::format(
       "head={}x{}x{}x{}\ntarget={}\nsteps={}\nbatch={}\nepochs={}\nlr={}\nlr_min={}\nwarmup={}\n"
       "beta1={}\nbeta2={}\neps={}\nweight_decay={}\nclip={}\nseed={}\neval_fraction={}\n"
-      "data={}:{}:{}:{:016x}\ndraft_vocab={:016x}",
+      "data={}:{}:{}:{:016x}\ndraft_vocab={:016x}\nsoft_labels={}",
       w.shape.dim, w.shape.state_dim, w.shape.n_blocks, w.shape.n_draft_vocab,
       w.target_fingerprint, o.steps, o.batch, o.epochs, o.lr, o.lr_min, warmup, o.adam.beta1,
       o.adam.beta2, o.adam.eps, o.adam.weight_decay, o.clip, o.seed, o.eval_fraction, d.n_seqs(),
-      d.n_tokens(), d.dim, tokens_hash, vocab_hash);
+      d.n_tokens(), d.dim, tokens_hash, vocab_hash, o.soft_labels);
 }
 
 std::map<std::string, std::string> config_lines(const std::string& config) {
@@ -152,6 +155,10 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
   }
   const std::vector<int64_t> eval_positions = capped_positions(split.eval, o.max_eval_positions);
   const std::vector<int32_t> draft_index = draft_index_map(w.draft_vocab, w.shape.n_target_vocab);
+  if (o.soft_labels > 0 && static_cast<int64_t>(o.soft_rows.size()) !=
+                               int64_t{w.shape.n_draft_vocab} * w.shape.dim) {
+    throw Error("train-drafter: soft labels need the target's output rows [V_d, dim]");
+  }
   const int64_t n_train = static_cast<int64_t>(split.train.size());
   const int64_t per_epoch = (n_train + o.batch - 1) / o.batch;
   const int64_t total = per_epoch * o.epochs;
@@ -192,6 +199,7 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
 
   ReDrafterGradient pass;
   ReDrafterBatch batch;
+  std::vector<float> label_hidden;  // [C * B, dim] scratch of the soft labels
   ReDrafterWeights grad = zeros_like(w);
   std::vector<int64_t> order;
   Rng::State epoch_rng = rng.state();
@@ -260,8 +268,12 @@ ReDrafterTrainReport train_redrafter(ReDrafterWeights& w, const DistillDataset& 
     }
     const int64_t b0 = (step % per_epoch) * o.batch;
     const int64_t b1 = std::min(b0 + o.batch, n_train);
-    make_batch(data, std::span<const int64_t>(order).subspan(b0, b1 - b0), o.steps, draft_index,
-               &batch);
+    const std::span<const int64_t> positions = std::span<const int64_t>(order).subspan(b0, b1 - b0);
+    make_batch(data, positions, o.steps, draft_index, &batch);
+    if (o.soft_labels > 0) {
+      make_soft_labels(data, positions, o.soft_rows, static_cast<float>(o.soft_labels), &batch,
+                       &label_hidden, pool);
+    }
     const ReDrafterLossStats st = pass.run(w, embedding, batch, &grad, pool);
     const double norm = global_grad_norm(grad, pool);
     const double lr = lr_at(step, total, warmup, o.lr, o.lr_min);

@@ -39,6 +39,12 @@ struct ReDrafterTrainOptions {
   // Stop after this many updates in all (0: run to the end), leaving a checkpoint when a path is
   // set; a later run with resume finishes the same training (tests, time-boxed runs).
   int64_t stop_after = 0;
+  // Knowledge distillation: each target's label is soft_labels * (the target model's
+  // distribution over the draft vocabulary there) + (1 - soft_labels) * the true token, in
+  // training (held-out figures stay against the true token). soft_rows: [V_d, dim] the target's
+  // output rows of the head's draft vocabulary as floats (needed when soft_labels > 0).
+  double soft_labels = 0.0;
+  std::span<const float> soft_rows;
 };
 
 struct ReDrafterTrainEvent {

@@ -10,7 +10,8 @@ namespace specdec {
 
 void score_rows(Isa isa, float* logits, int64_t V, std::span<const int32_t> targets,
                 int64_t steps, int64_t B, bool backward, std::vector<double>* row_loss,
-                std::vector<int32_t>* row_argmax, ReDrafterLossStats* stats, ThreadPool* pool) {
+                std::vector<int32_t>* row_argmax, ReDrafterLossStats* stats, ThreadPool* pool,
+                const float* soft, float soft_weight) {
   const int64_t R = steps * B;
   SPECDEC_CHECK(static_cast<int64_t>(targets.size()) == R, "score_rows: targets size");
   row_loss->resize(static_cast<size_t>(R));
@@ -29,9 +30,25 @@ void score_rows(Isa isa, float* logits, int64_t V, std::span<const int32_t> targ
         continue;
       }
       SPECDEC_CHECK(t < V, "training batch: target beyond the draft vocabulary");
+      const float* p = soft != nullptr && soft_weight != 0.0f ? soft + r * V : nullptr;
+      // With soft labels: CE against a p + (1 - a) onehot(t) = CE(t) + a (z_t - sum_v p_v z_v)
+      // (the log-sum-exp is shared), and its gradient adds a (onehot(t) - p) / B.
+      double pz = 0.0;
+      const float zt = z[t];
+      if (p != nullptr) {
+        for (int64_t v = 0; v < V; ++v) pz += static_cast<double>(p[v]) * z[v];
+      }
       const CrossEntropyRow ce = cross_entropy_row(isa, z, V, t, backward ? inv_b : 0.0f);
       loss[r] = ce.loss;
       argmax[r] = ce.argmax;
+      if (p != nullptr) {
+        loss[r] += soft_weight * (static_cast<double>(zt) - pz);
+        if (backward) {
+          const float a = soft_weight * inv_b;
+          for (int64_t v = 0; v < V; ++v) z[v] -= a * p[v];
+          z[t] += a;
+        }
+      }
     }
   });
   for (int64_t k = 0; k < steps; ++k) {

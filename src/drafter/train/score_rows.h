@@ -19,8 +19,12 @@ class ThreadPool;
 // targets, the right argmaxes; per position the leading steps predicted right; n_positions = B.
 // With backward, each scored row becomes d J / d logits for J = (1/B) Σ cross-entropy, and a
 // masked row zeros. row_loss / row_argmax: scratch of [steps * B].
+// soft ([steps * B, V] distributions, or null) with soft_weight a: a scored row's label is
+// a * soft + (1 - a) * onehot(target), for its loss and its gradient (the argmax statistics
+// still count the true token).
 void score_rows(Isa isa, float* logits, int64_t V, std::span<const int32_t> targets,
                 int64_t steps, int64_t B, bool backward, std::vector<double>* row_loss,
-                std::vector<int32_t>* row_argmax, ReDrafterLossStats* stats, ThreadPool* pool);
+                std::vector<int32_t>* row_argmax, ReDrafterLossStats* stats, ThreadPool* pool,
+                const float* soft = nullptr, float soft_weight = 0.0f);
 
 }  // namespace specdec

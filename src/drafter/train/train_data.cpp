@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "backend/cpu/ops.h"
+#include "drafter/train/train_gemm.h"
+#include "drafter/train/train_rows.h"
 #include "sample/rng.h"
 #include "util/check.h"
 
@@ -85,6 +87,52 @@ void make_batch(const DistillDataset& d, std::span<const int64_t> positions, int
       batch->targets[k * B + b] = t;
     }
   }
+}
+
+void make_soft_labels(const DistillDataset& d, std::span<const int64_t> positions,
+                      std::span<const float> target_rows, float weight, ReDrafterBatch* batch,
+                      std::vector<float>* label_hidden, ThreadPool* pool) {
+  const int64_t B = static_cast<int64_t>(positions.size()), C = batch->steps, dim = d.dim;
+  const int64_t R = B * C;
+  SPECDEC_CHECK(batch->n == B && static_cast<int64_t>(batch->targets.size()) == R,
+                "soft labels: the batch was made from other positions");
+  SPECDEC_CHECK(dim > 0 && !target_rows.empty() &&
+                    static_cast<int64_t>(target_rows.size()) % dim == 0,
+                "soft labels: target rows are not [V_d, dim]");
+  const int64_t V = static_cast<int64_t>(target_rows.size()) / dim;
+  label_hidden->assign(static_cast<size_t>(R * dim), 0.0f);  // [R, dim], row r = k * B + b
+  std::vector<uint8_t> inside(static_cast<size_t>(R), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t i = positions[b];
+    const int64_t end = *std::upper_bound(d.seq_offsets.begin(), d.seq_offsets.end(), i);
+    for (int64_t k = 0; k < C; ++k) {
+      const int64_t h = i + 1 + k;  // predicted t_{i+2+k}
+      if (h + 1 >= end) continue;
+      inside[static_cast<size_t>(k * B + b)] = 1;
+      f16_to_f32(d.hidden.data() + h * dim, dim, label_hidden->data() + (k * B + b) * dim);
+    }
+  }
+  batch->soft.resize(static_cast<size_t>(R * V));
+  linear_forward(R, dim, V, label_hidden->data(), dim, target_rows.data(), dim, batch->soft.data(),
+                 V, false, pool);
+  for_rows(pool, R, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* z = batch->soft.data() + r * V;
+      if (!inside[static_cast<size_t>(r)]) {
+        std::fill(z, z + V, 0.0f);
+        continue;
+      }
+      float zmax = z[0];
+      for (int64_t v = 1; v < V; ++v) zmax = std::max(zmax, z[v]);
+      double sum = 0.0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - zmax);
+      const double inv = 1.0 / sum;
+      for (int64_t v = 0; v < V; ++v) {
+        z[v] = static_cast<float>(std::exp(static_cast<double>(z[v]) - zmax) * inv);
+      }
+    }
+  });
+  batch->soft_weight = weight;
 }
 
 void shuffle_positions(std::vector<int64_t>& v, Rng& rng) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "drafter/distill_data.h"
+#include "backend/cpu/thread_pool.h"
 #include "drafter/train/redrafter_grad.h"
 #include "sample/rng.h"
 
@@ -46,5 +47,15 @@ std::vector<int32_t> draft_index_map(std::span<const int32_t> draft_vocab, int n
 // kTargetOutOfVocab) and kTargetPastEnd past the end. *batch's buffers are reused.
 void make_batch(const DistillDataset& d, std::span<const int64_t> positions, int steps,
                 std::span<const int32_t> draft_index, ReDrafterBatch* batch);
+
+// Soft labels of a batch made by make_batch from the same positions: for the target of step k
+// of position i (t_{i+2+k}), the target model's distribution over the draft vocabulary there,
+// softmax(target_rows · h_{i+1+k}) (h: the stored final-normed hidden that predicted it;
+// target_rows [V_d, dim]: the target's output rows of the draft vocabulary, as floats), into
+// batch->soft [C, B, V_d]; rows past the sequence's end are zeros. batch->soft_weight = weight.
+// label_hidden: scratch. Deterministic for any pool.
+void make_soft_labels(const DistillDataset& d, std::span<const int64_t> positions,
+                      std::span<const float> target_rows, float weight, ReDrafterBatch* batch,
+                      std::vector<float>* label_hidden, ThreadPool* pool);
 
 }  // namespace specdec
