@@ -104,7 +104,9 @@ void make_soft_labels(const DistillDataset& d, std::span<const int64_t> position
   std::vector<uint8_t> inside(static_cast<size_t>(R), 0);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t i = positions[b];
-    const int64_t end = *std::upper_bound(d.seq_offsets.begin(), d.seq_offsets.end(), i);
+    const auto it = std::upper_bound(d.seq_offsets.begin(), d.seq_offsets.end(), i);
+    SPECDEC_CHECK(i >= 0 && it != d.seq_offsets.end(), "soft labels: position outside the dataset");
+    const int64_t end = *it;
     for (int64_t k = 0; k < C; ++k) {
       const int64_t h = i + 1 + k;  // predicted t_{i+2+k}
       if (h + 1 >= end) continue;
