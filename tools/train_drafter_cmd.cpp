@@ -127,13 +127,7 @@ DistillDataset get_dataset(const TrainDrafterOptions& o, const std::string& path
   if (std::filesystem::exists(path)) {
     fmt::print(stderr, "dataset: reusing {}\n", path);
     DistillDataset d = load_distill_dataset(path);
-    std::string target;
-    if (!d.facts.empty()) {
-      const nlohmann::json facts = nlohmann::json::parse(d.facts, nullptr, false);
-      if (facts.is_object() && facts.contains("target") && facts["target"].is_string()) {
-        target = facts["target"].get<std::string>();
-      }
-    }
+    const std::string target = distill_target(d);
     if (!target.empty() && target != model.fingerprint()) {
       throw Error(fmt::format(
           "{}: this dataset was made with another model ({}; this one is {}); remove it or "

@@ -472,6 +472,8 @@ void append_distill_dataset(DistillDataset& into, DistillDataset&& more) {
   more = DistillDataset{};
 }
 
+std::string distill_target(const DistillDataset& d) { return facts_target(facts_json(d.facts)); }
+
 void save_distill_dataset(const std::string& path, const DistillDataset& d) {
   check_consistent(d, path);
   const std::string tmp = path + ".tmp";

@@ -69,11 +69,10 @@ struct DistillTimings {
 //
 // In detail: prompts are taken in order from index first_prompt until max_prompts are used
 // (0: all); facts["next_prompt"] is the index after the last one considered (where a next
-// shard starts); a prompt is
-// encoded as `specdec generate` does (chat: the template of {"user": prompt} with the
-// generation prompt, else BOS + text, special-token text parsed); empty ones and ones of more
-// than max_prompt_tokens tokens (or no room left in the context) are skipped and counted in the
-// facts. Answers: greedy when temperature is 0, else sampled with seed options.seed + the
+// shard starts). A prompt is encoded as `specdec generate` does (chat: the template of
+// {"user": prompt} with the generation prompt, else BOS + text, special-token text parsed);
+// empty ones and ones of more than max_prompt_tokens tokens (or no room left in the context)
+// are skipped and counted in the facts. Answers: greedy when temperature is 0, else sampled with seed options.seed + the
 // prompt's index in `prompts`; they end at the first end-of-generation token (kept as the last
 // answer token) or after max_new_tokens (or at the context). Sequence i is the i-th used
 // prompt. hidden rows: Model::forward over each whole sequence in an f16 KV cache, every row
@@ -93,6 +92,9 @@ DistillDataset load_distill_dataset(const std::string& path);
 // "shards": [each shard's facts]}. Throws specdec::Error when the widths or targets differ;
 // `into` is unchanged then.
 void append_distill_dataset(DistillDataset& into, DistillDataset&& more);
+
+// The fingerprint of the target that made `d` (its facts' "target"; "" when they name none).
+std::string distill_target(const DistillDataset& d);
 
 // The n most frequent tokens among the answers' tokens (ties by id), as the draft vocabulary of
 // a head: [min(n, distinct tokens)], most frequent first, equal counts by smaller id.

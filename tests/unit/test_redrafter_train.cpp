@@ -138,13 +138,18 @@ TEST(TrainData, PositionsAreAnswerRootsWithATarget) {
   EXPECT_EQ(training_positions(d, {}, false), (std::vector<int64_t>{1, 2, 3, 9, 10}));
 }
 
+// The batch of positions 3 and 9 of tiny_dataset(), 3 steps, draft vocabulary {9, 7, 8}
+// (9 → 0, 7 → 1, 8 → 2; others out of it).
+const std::vector<int64_t> kTinyPositions = {3, 9};
+ReDrafterBatch tiny_batch(const DistillDataset& d) {
+  ReDrafterBatch b;
+  make_batch(d, kTinyPositions, 3, draft_index_map(std::vector<int32_t>{9, 7, 8}, 12), &b);
+  return b;
+}
+
 TEST(TrainData, BatchInputsTargetsAndMasks) {
   const DistillDataset d = tiny_dataset();
-  // draft vocabulary {9, 7, 8}: 9 → 0, 7 → 1, 8 → 2; others out of it
-  const std::vector<int32_t> map = draft_index_map(std::vector<int32_t>{9, 7, 8}, 12);
-  ReDrafterBatch b;
-  const std::vector<int64_t> pos = {3, 9};
-  make_batch(d, pos, 3, map, &b);
+  const ReDrafterBatch b = tiny_batch(d);
   ASSERT_EQ(b.n, 2);
   // position 3 (seq 0: ... t3=8, t4=9, t5=1, end 6): root t4 = 9; inputs 9, 1, (past end: root)
   // targets t5 = 1 (OOV), past end, past end
@@ -159,15 +164,12 @@ TEST(TrainData, BatchInputsTargetsAndMasks) {
 // softmax of the target rows times that hidden state, summing to 1; rows past the end are 0.
 TEST(TrainData, SoftLabelsAreTheTargetsDistributionAtEachTarget) {
   const DistillDataset d = tiny_dataset();
-  const std::vector<int32_t> map = draft_index_map(std::vector<int32_t>{9, 7, 8}, 12);
-  ReDrafterBatch b;
-  const std::vector<int64_t> pos = {3, 9};
-  make_batch(d, pos, 3, map, &b);
+  ReDrafterBatch b = tiny_batch(d);
   const std::vector<float> rows = {0.5f, 0.25f, -1.0f, 0.0f, 0.1f, 0.3f};  // [V_d = 3, dim = 2]
   std::vector<float> scratch;
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
-    make_soft_labels(d, pos, rows, 0.6f, &b, &scratch, &pool);
+    make_soft_labels(d, kTinyPositions, rows, 0.6f, &b, &scratch, &pool);
     ASSERT_EQ(b.soft.size(), 2u * 3u * 3u);
     EXPECT_EQ(b.soft_weight, 0.6f);
     // rows r = k * B + b: (k0, p3) h4, (k0, p9) h10, (k1, p3) past the end, (k1, p9) h11,

@@ -6,9 +6,10 @@
 //   x = concat(h_b, s_{k+1});  x += SiLU(W_l x + b_l) for each block       [D]
 //   logits_k = W_o x                                                        [V_d]
 // The objective of a batch of B positions is J = (1/B) Σ_b Σ_k CE(logits_k, target_k), over
-// the targets inside the draft vocabulary (with soft labels, target_k is the mixture of the
-// true token and the target model's distribution there) (others are masked: out of the vocabulary, or past
-// the end of the sequence). The embedding e() is frozen; every other parameter gets dJ/dθ.
+// the targets inside the draft vocabulary (others are masked: out of the vocabulary, or past
+// the end of the sequence); with soft labels, target_k is the mixture of the true token and the
+// target model's distribution there. The embedding e() is frozen; every other parameter gets
+// dJ/dθ.
 //
 // Rows are step-major: row r = k * B + b, so each step's rows are one contiguous block (the
 // recurrence runs step by step over B rows, everything else over all R = C * B rows at once).

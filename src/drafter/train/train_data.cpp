@@ -100,18 +100,16 @@ void make_soft_labels(const DistillDataset& d, std::span<const int64_t> position
                     static_cast<int64_t>(target_rows.size()) % dim == 0,
                 "soft labels: target rows are not [V_d, dim]");
   const int64_t V = static_cast<int64_t>(target_rows.size()) / dim;
+  // A target inside its sequence (make_batch marks the others kTargetPastEnd) was predicted by
+  // h_{i+1+k}; rows past the end keep zeros.
+  auto inside = [&](int64_t r) { return batch->targets[static_cast<size_t>(r)] != kTargetPastEnd; };
   label_hidden->assign(static_cast<size_t>(R * dim), 0.0f);  // [R, dim], row r = k * B + b
-  std::vector<uint8_t> inside(static_cast<size_t>(R), 0);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t i = positions[b];
-    const auto it = std::upper_bound(d.seq_offsets.begin(), d.seq_offsets.end(), i);
-    SPECDEC_CHECK(i >= 0 && it != d.seq_offsets.end(), "soft labels: position outside the dataset");
-    const int64_t end = *it;
-    for (int64_t k = 0; k < C; ++k) {
-      const int64_t h = i + 1 + k;  // predicted t_{i+2+k}
-      if (h + 1 >= end) continue;
-      inside[static_cast<size_t>(k * B + b)] = 1;
-      f16_to_f32(d.hidden.data() + h * dim, dim, label_hidden->data() + (k * B + b) * dim);
+  for (int64_t k = 0; k < C; ++k) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t r = k * B + b, h = positions[b] + 1 + k;  // h predicted t_{i+2+k}
+      if (!inside(r)) continue;
+      SPECDEC_CHECK(h >= 1 && h + 1 < d.n_tokens(), "soft labels: position outside the dataset");
+      f16_to_f32(d.hidden.data() + h * dim, dim, label_hidden->data() + r * dim);
     }
   }
   batch->soft.resize(static_cast<size_t>(R * V));
@@ -120,7 +118,7 @@ void make_soft_labels(const DistillDataset& d, std::span<const int64_t> position
   for_rows(pool, R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* z = batch->soft.data() + r * V;
-      if (!inside[static_cast<size_t>(r)]) {
+      if (!inside(r)) {
         std::fill(z, z + V, 0.0f);
         continue;
       }
