@@ -4,20 +4,24 @@
 //
 // Random weights of one type (--type Q8_0 default, F16, Q4_1 or any matmul type) in the shapes of
 // Llama 3 8B: dim 4096, 32 layers of q 4096x4096, k/v 1024x4096, o 4096x4096, gate/up
-// 14336x4096, down 4096x14336, and the output matrix 128256x4096. A "pass" is, per layer,
-// rmsnorm, the q/k/v/o matmuls, add, rmsnorm, gate/up, swiglu, down, add; then the final rmsnorm
-// and the output matmul. ATTENTION IS OMITTED (its cost depends on the context length; o takes
+// 14336x4096, down 4096x14336, and the output matrix 128256x4096. Two layouts of a layer:
+//   --layout engine (default): as the engine's CUDA forward runs it (llama_cuda.cpp, fused): q|k|v
+//     stacked into one 6144x4096 matrix and gate|up into one 28672x4096; add + rmsnorm in one
+//     kernel; swiglu over the stacked gate|up rows; 4 matmuls a layer.
+//   --layout separate: rmsnorm, the q/k/v/o matmuls, add, rmsnorm, gate/up, swiglu, down, add
+//     (7 matmuls a layer, each with its own activation quantization).
+// Then the final rmsnorm and the output matmul. ATTENTION IS OMITTED (its cost depends on the context length; o takes
 // q's output as its input). Timed with CUDA events on the backend's stream: 2 passes of warm-up,
 // then the median of 10. --graph captures each pass in a CUDA graph and times its replay too.
 //
 // Output, JSON lines: first {"gpu":..., "measured_bw_gbs":...}, then one line per (type, kernel,
 // mode, n):
-//   {"type", "n", "mode" ("stream" / "graph"), "ms", "weight_bytes", "achieved_gbs" (weight
+//   {"type", "n", "mode" ("stream" / "graph"), "layout", "ms", "weight_bytes", "achieved_gbs" (weight
 //    bytes / time), "fraction_of_measured_bw", "cost_vs_n1", "kernel" ("new" / "legacy")}
 // Each type's weights are freed before the next type's are made.
 //
 //   bench_cuda_shapes [--type Q8_0 | --types Q8_0,Q4_1,F16 | --all] [--graph] [--ab] [--legacy]
-//                     [--layers 32]
+//                     [--layers 32] [--layout engine|separate|both]
 //   --all: Q8_0, Q4_1 and F16 with --graph. --ab: each type also with the legacy matmul kernel
 //   (cuda::set_matmul_legacy), --legacy: only with it.
 //
@@ -161,15 +165,49 @@ Matrix make_matrix(GgmlType type, int64_t rows, int64_t cols, const cuda::Device
   return x;
 }
 
+// separate: q, k, v, gate, up set; engine: qkv [q_dim + 2 kv_dim, dim] and gate_up [2 ffn, dim].
 struct Layer {
   Matrix q, k, v, o, gate, up, down;
+  Matrix qkv, gate_up;
 };
 
+// Float activations, [kMaxN, width] each; qkv holds q|k|v rows of the engine layout, g the stacked
+// gate|up rows (2 kFfn wide) there.
 struct Acts {
-  cuda::DeviceBuffer x, h, q, k, v, o, g, u, logits, norm;
+  cuda::DeviceBuffer x, h, q, k, v, o, g, u, logits, norm, qkv;
 };
 
-void pass(const std::vector<Layer>& layers, const Matrix& output, Acts& a, int64_t n) {
+enum class Layout { kEngine, kSeparate };
+
+const char* layout_name(Layout l) { return l == Layout::kEngine ? "engine" : "separate"; }
+
+// The engine's fused layer (llama_cuda.cpp with fusion on): the first rmsnorm alone, later ones
+// fused with the residual add of the layer before.
+void pass_engine(const std::vector<Layer>& layers, const Matrix& output, Acts& a, int64_t n) {
+  const float eps = 1e-5f;
+  float* x = a.x.as<float>();
+  float* h = a.h.as<float>();
+  const float* nw = a.norm.as<float>();
+  cuda::rmsnorm(x, nw, eps, n, kDim, h);
+  for (const Layer& L : layers) {
+    cuda::matmul(L.qkv.m, h, n, a.qkv.as<float>());
+    // (attention omitted: o reads the q columns' buffer, [n, 6144] read as [n, 4096] rows)
+    cuda::matmul(L.o.m, a.qkv.as<float>(), n, a.o.as<float>());
+    cuda::add_rmsnorm(x, a.o.as<float>(), nw, eps, n, kDim, h);
+    cuda::matmul(L.gate_up.m, h, n, a.g.as<float>());
+    cuda::swiglu_rows(a.g.as<float>(), n, kFfn, a.u.as<float>());
+    cuda::matmul(L.down.m, a.u.as<float>(), n, a.o.as<float>());
+    cuda::add_rmsnorm(x, a.o.as<float>(), nw, eps, n, kDim, h);
+  }
+  cuda::matmul(output.m, h, n, a.logits.as<float>());
+}
+
+void pass(Layout layout, const std::vector<Layer>& layers, const Matrix& output, Acts& a,
+          int64_t n) {
+  if (layout == Layout::kEngine) {
+    pass_engine(layers, output, a, n);
+    return;
+  }
   const float eps = 1e-5f;
   float* x = a.x.as<float>();
   float* h = a.h.as<float>();
@@ -203,10 +241,12 @@ struct Model {
   std::vector<Layer> layers;
   Matrix output;
   Acts a;
+  Layout layout = Layout::kEngine;
   int64_t weight_bytes = 0;
 };
 
-void build_model(GgmlType type, int n_layers, Model* m) {
+void build_model(GgmlType type, int n_layers, Layout layout, Model* m) {
+  m->layout = layout;
   const std::vector<uint8_t> host_pattern = random_pattern(type, size_t{64} << 20);
   cuda::DeviceBuffer pattern(host_pattern.size());
   cuda::upload(pattern.data(), host_pattern.data(), host_pattern.size());
@@ -215,12 +255,18 @@ void build_model(GgmlType type, int n_layers, Model* m) {
   int64_t* wb = &m->weight_bytes;
   for (int l = 0; l < n_layers; ++l) {
     Layer L;
-    L.q = make_matrix(type, kDim, kDim, pattern, pb, wb);
-    L.k = make_matrix(type, kKvDim, kDim, pattern, pb, wb);
-    L.v = make_matrix(type, kKvDim, kDim, pattern, pb, wb);
-    L.o = make_matrix(type, kDim, kDim, pattern, pb, wb);
-    L.gate = make_matrix(type, kFfn, kDim, pattern, pb, wb);
-    L.up = make_matrix(type, kFfn, kDim, pattern, pb, wb);
+    if (layout == Layout::kEngine) {
+      L.qkv = make_matrix(type, kDim + 2 * kKvDim, kDim, pattern, pb, wb);
+      L.o = make_matrix(type, kDim, kDim, pattern, pb, wb);
+      L.gate_up = make_matrix(type, 2 * kFfn, kDim, pattern, pb, wb);
+    } else {
+      L.q = make_matrix(type, kDim, kDim, pattern, pb, wb);
+      L.k = make_matrix(type, kKvDim, kDim, pattern, pb, wb);
+      L.v = make_matrix(type, kKvDim, kDim, pattern, pb, wb);
+      L.o = make_matrix(type, kDim, kDim, pattern, pb, wb);
+      L.gate = make_matrix(type, kFfn, kDim, pattern, pb, wb);
+      L.up = make_matrix(type, kFfn, kDim, pattern, pb, wb);
+    }
     L.down = make_matrix(type, kDim, kFfn, pattern, pb, wb);
     m->layers.push_back(std::move(L));
   }
@@ -234,8 +280,9 @@ void build_model(GgmlType type, int n_layers, Model* m) {
   a.k = floats(kMaxN * kKvDim);
   a.v = floats(kMaxN * kKvDim);
   a.o = floats(kMaxN * kDim);
-  a.g = floats(kMaxN * kFfn);
+  a.g = floats(kMaxN * 2 * kFfn);
   a.u = floats(kMaxN * kFfn);
+  a.qkv = floats(kMaxN * (kDim + 2 * kKvDim));
   a.logits = floats(kMaxN * kVocab);
   a.norm = floats(kDim);
   {
@@ -279,11 +326,11 @@ struct Timer {
 // attributes and modules are set up outside the capture; 2 replays of warm-up).
 double graph_ms(Model& m, Timer& timer, int64_t n) {
   cudaStream_t s = timer.s;
-  pass(m.layers, m.output, m.a, n);
+  pass(m.layout, m.layers, m.output, m.a, n);
   cudaGraph_t g = nullptr;
   cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  pass(m.layers, m.output, m.a, n);
+  pass(m.layout, m.layers, m.output, m.a, n);
   CUDA_CHECK(cudaStreamEndCapture(s, &g));
   CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
   for (int w = 0; w < 2; ++w) CUDA_CHECK(cudaGraphLaunch(exec, s));
@@ -296,31 +343,35 @@ double graph_ms(Model& m, Timer& timer, int64_t n) {
 
 // Builds the model of one type, times it, frees it. legacy: the original matmul kernel
 // (cuda::set_matmul_legacy) - the "kernel" field of the lines says which ran.
-void run_type(GgmlType type, bool graph, int n_layers, bool legacy, double bw) {
+void run_type(GgmlType type, bool graph, int n_layers, Layout layout, bool legacy, double bw) {
   cuda::set_matmul_legacy(legacy);
   const char* kernel = legacy ? "legacy" : "new";
   {
     Model m;
-    build_model(type, n_layers, &m);
+    build_model(type, n_layers, layout, &m);
     const int64_t weight_bytes = m.weight_bytes;
     Timer timer;
     const int64_t ns[] = {1, 2, 4, 8, 16};
     auto report = [&](const char* mode, int64_t n, double ms, double ms1) {
       const double gbs = static_cast<double>(weight_bytes) / (ms * 1e-3) / 1e9;
-      std::printf("{\"type\": \"%s\", \"n\": %lld, \"mode\": \"%s\", \"ms\": %.4f, "
+      std::printf("{\"type\": \"%s\", \"n\": %lld, \"mode\": \"%s\", \"layout\": \"%s\", "
+                  "\"ms\": %.4f, "
                   "\"weight_bytes\": %lld, \"achieved_gbs\": %.1f, "
                   "\"fraction_of_measured_bw\": %.3f, \"cost_vs_n1\": %.3f, \"layers\": %d, "
                   "\"attention\": \"omitted\", \"kernel\": \"%s\"}\n",
-                  ggml_type_traits(type).name, static_cast<long long>(n), mode, ms,
+                  ggml_type_traits(type).name, static_cast<long long>(n), mode,
+                  layout_name(layout), ms,
                   static_cast<long long>(weight_bytes), gbs, gbs / bw, ms / ms1, n_layers, kernel);
       std::fflush(stdout);
     };
 
     double ms1 = 0.0;
     for (int64_t n : ns) {
-      for (int w = 0; w < 2; ++w) pass(m.layers, m.output, m.a, n);
+      for (int w = 0; w < 2; ++w) pass(layout, m.layers, m.output, m.a, n);
       std::vector<double> t;
-      for (int r = 0; r < 10; ++r) t.push_back(timer.ms([&] { pass(m.layers, m.output, m.a, n); }));
+      for (int r = 0; r < 10; ++r) {
+        t.push_back(timer.ms([&] { pass(layout, m.layers, m.output, m.a, n); }));
+      }
       const double ms = median(t);
       if (n == 1) ms1 = ms;
       report("stream", n, ms, ms1);
@@ -351,7 +402,7 @@ struct SweepResult {
   double ms;
 };
 
-void run_sweep(GgmlType type, int n_layers, double bw) {
+void run_sweep(GgmlType type, int n_layers, Layout layout, double bw) {
   namespace d = cuda::detail;
   cuda::set_matmul_legacy(false);
   const int64_t default_max_n = d::q32_set_gemv_max_n(2);
@@ -379,7 +430,7 @@ void run_sweep(GgmlType type, int n_layers, double bw) {
   }
 
   Model m;
-  build_model(type, n_layers, &m);
+  build_model(type, n_layers, layout, &m);
   Timer timer;
   const char* tname = ggml_type_traits(type).name;
   const int64_t ns[] = {1, 2, 4, 8, 16};
@@ -475,6 +526,7 @@ int main(int argc, char** argv) {
   bool sweep = false;
   bool types_given = false;
   int n_layers = 32;
+  std::vector<Layout> layouts = {Layout::kEngine};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--type" || a == "--types") && i + 1 < argc) {
@@ -493,12 +545,26 @@ int main(int argc, char** argv) {
       legacy_only = true;
     } else if (a == "--layers" && i + 1 < argc) {
       n_layers = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--layout" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "engine") {
+        layouts = {Layout::kEngine};
+      } else if (v == "separate") {
+        layouts = {Layout::kSeparate};
+      } else if (v == "both") {
+        layouts = {Layout::kEngine, Layout::kSeparate};
+      } else {
+        std::fprintf(stderr, "bench_cuda_shapes: --layout takes engine, separate or both\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: bench_cuda_shapes [--type Q8_0|F16|Q4_1|...] [--types Q8_0,Q4_1,F16] "
                    "[--all (= --types Q8_0,Q4_1,F16 --graph)] [--graph] [--ab (also the legacy "
-                   "kernel)] [--legacy (only the legacy kernel)] [--layers 32]\n"
-                   "       bench_cuda_shapes --sweep [--types Q8_0,Q4_1] [--layers 32]\n");
+                   "kernel)] [--legacy (only the legacy kernel)] [--layers 32] "
+                   "[--layout engine|separate|both]\n"
+                   "       bench_cuda_shapes --sweep [--types Q8_0,Q4_1] [--layers 32] "
+                   "[--layout engine|separate]\n");
       return 2;
     }
   }
@@ -518,12 +584,14 @@ int main(int argc, char** argv) {
                 static_cast<double>(info.total_bytes) / (1 << 30), bw);
     std::fflush(stdout);
     for (GgmlType type : types) {
-      if (sweep) {
-        run_sweep(type, n_layers, bw);
-        continue;
+      for (Layout layout : layouts) {
+        if (sweep) {
+          run_sweep(type, n_layers, layout, bw);
+          continue;
+        }
+        if (!legacy_only) run_type(type, graph, n_layers, layout, false, bw);
+        if (ab || legacy_only) run_type(type, graph, n_layers, layout, true, bw);
       }
-      if (!legacy_only) run_type(type, graph, n_layers, false, bw);
-      if (ab || legacy_only) run_type(type, graph, n_layers, true, bw);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_cuda_shapes: %s\n", e.what());
