@@ -2,14 +2,15 @@
 # Runs on the lent GPU machine, in the repository root, over what scripts/cuda_device_pack.sh
 # made: unpacks it, joins the default model when both halves have arrived (the first is kept
 # in /root between calls), runs the CUDA tests and benchmarks, and writes logs under $OUT.
-# Steps can be chosen: STEPS="info ops model cli spec shapes sweep" (default: all but sweep).
+# Steps can be chosen: STEPS="info ops model drafter cli spec shapes sweep attn" (default: all but sweep
+# and attn); QUICK=1 leaves out the A/B benches without graphs / fusion and the slowest spec runs.
 # Every log goes into $OUT/logs.tgz (a call brings back 8 files at most); stdout shows their tails
 # and, for the speculative benches, a one-line summary.
 set -uo pipefail
 ROOT="$(pwd)"
 OUT="${OUT:-/tmp/specdec-out}"
 mkdir -p "$OUT" /root/specdec-dev
-STEPS="${STEPS:-info ops model cli spec shapes}"
+STEPS="${STEPS:-info ops model drafter cli spec shapes}"
 D=/root/specdec-dev
 rm -rf "$D/bin" "$D/lib" "$D/shared"
 if command -v xz > /dev/null; then
@@ -70,12 +71,14 @@ for step in $STEPS; do
       ;;
     ops) run ops "$B/cuda_test_cuda_ops" --gtest_brief=1 ;;
     model) run model "$B/cuda_test_cuda_model" --gtest_brief=1 ;;
+    drafter) run drafter "$B/cuda_test_cuda_drafter" --gtest_brief=1 ;;
     cli)
       tiny="$SPECDEC_SHARED_DIR/models/tiny/stories260K.gguf"
       run gen_tiny "$B/specdec" generate --device cuda -m "$tiny" -n 64 -p "Once upon a time" --temp 0
       if [ -f "$model" ]; then
         run gen_smol "$B/specdec" generate --device cuda --chat --spec ngram -n 128 -p "Repeat the following text exactly, word for word: The river runs through the middle of the old town. Every morning, fishermen set out in small wooden boats, and by noon the market near the bridge is full of fresh fish, bread and vegetables."
         run bench_smol "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
+        [ "${QUICK:-0}" = 1 ] && continue  # QUICK=1: not the A/B runs without graphs or fusion
         SPECDEC_CUDA_GRAPHS=0 run bench_smol_nographs "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
         SPECDEC_CUDA_FUSE=0 run bench_smol_nofuse "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
       fi
@@ -86,14 +89,16 @@ for step in $STEPS; do
         run calibrate "$B/specdec" bench --device cuda --calibrate -p 256
         spec_run ngram_grounded --device cuda --spec ngram --prompts bench/prompts/grounded.jsonl -n 128
         spec_run rd_2x2 --device cuda --spec redrafter --chat --prompts $MT -n 128 --repeats 2 --interleave
+        SPECDEC_HEAD_DEVICE=cpu spec_run rd_2x2_hosthead --device cuda --spec redrafter --chat --prompts $MT -n 128 --repeats 2 --interleave
         spec_run rd_4x4 --device cuda --spec redrafter --beams 4 --beam-length 4 --chat --prompts $MT -n 128 --repeats 2 --interleave
-        spec_run rd_4x4_fixed --device cuda --spec redrafter --beams 4 --beam-length 4 --num-draft 16 --chat --prompts $MT -n 128 --repeats 2 --interleave
         spec_run ngram_chat --device cuda --spec ngram --chat --prompts $MT -n 128 --repeats 2 --interleave
+        [ "${QUICK:-0}" = 1 ] && continue  # QUICK=1: not the fixed 4x4 tree nor the CPU's run
+        spec_run rd_4x4_fixed --device cuda --spec redrafter --beams 4 --beam-length 4 --num-draft 16 --chat --prompts $MT -n 128 --repeats 2 --interleave
         spec_run rd_2x2_cpu16 --spec redrafter --chat --prompts $MT -n 128 -t 16
       fi
       ;;
     shapes)
-      run shapes "$B/bench_cuda_shapes" --all
+      run shapes "$B/bench_cuda_shapes" --all --layout both
       ;;
     sweep) run sweep "$B/bench_cuda_shapes" --sweep ;;
     attn)  # plain decoding after a long prompt: the attention kernels (fast vs legacy), same run

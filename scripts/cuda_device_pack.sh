@@ -22,7 +22,7 @@ cd "$ROOT"
 rm -rf .devcarry .devmodel_a .devmodel_b
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib" "$stage/shared/models" .devcarry
-for b in specdec cuda_test_cuda_ops cuda_test_cuda_model bench_cuda_shapes; do
+for b in specdec cuda_test_cuda_ops cuda_test_cuda_model cuda_test_cuda_drafter bench_cuda_shapes; do
   if [ -x "$BUILD/$b" ]; then strip -o "$stage/bin/$b" "$BUILD/$b"; else echo "[pack] missing $b" >&2; fi
 done
 # Every shared library the binaries load except glibc's own (libc, libm, ld-linux, vdso).

@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "cli_common.h"
 #include "drafter/head_registry.h"
 #include "drafter/medusa_proposer.h"
@@ -239,11 +242,19 @@ std::unique_ptr<ReDrafterHead> load_drafter_head(const SpecOptions& o, const Mod
   const ReDrafterWeights w = load_redrafter(path);
   check_redrafter_target(w, target, path);
   auto head = std::make_unique<ReDrafterHead>(w);
+  // Beside a GPU target the head steps on the GPU too (SPECDEC_HEAD_DEVICE=cpu keeps it on the
+  // host, for A/B runs).
+  const char* want = std::getenv("SPECDEC_HEAD_DEVICE");
+  const std::string target_device = target.device_name();
+  if (target_device != "cpu" && !(want != nullptr && std::string(want) == "cpu")) {
+    head->set_device(make_redrafter_head_device(w, head->weight_type(), target_device));
+  }
   if (!quiet) {
-    fmt::print(stderr, "drafter: {} ({:.1f}M parameters, {} draft tokens, {:.1f} MB a step as {})\n",
+    fmt::print(stderr,
+               "drafter: {} ({:.1f}M parameters, {} draft tokens, {:.1f} MB a step as {}, on {})\n",
                path, static_cast<double>(w.shape.num_params()) / 1e6, w.shape.n_draft_vocab,
                static_cast<double>(head->weight_bytes()) / 1e6,
-               ggml_type_name(static_cast<uint32_t>(head->weight_type())));
+               ggml_type_name(static_cast<uint32_t>(head->weight_type())), head->device_name());
   }
   return head;
 }

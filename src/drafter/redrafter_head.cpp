@@ -45,6 +45,10 @@ void ReDrafterHead::step(std::span<const float> h, const float* in, int n, float
   const int64_t s = shape_.state_dim, dim = shape_.dim, d = shape_.width();
   SPECDEC_CHECK(static_cast<int64_t>(h.size()) == dim, "ReDrafterHead::step: hidden size");
   if (n <= 0) return;
+  if (device_) {
+    device_->step(h, in, n, s_out, logits);
+    return;
+  }
   matmul(rnn_.w(), in, n, s_out, pool);
   for (int r = 0; r < n; ++r) {
     float* row = s_out + static_cast<int64_t>(r) * s;
@@ -65,5 +69,17 @@ void ReDrafterHead::step(std::span<const float> h, const float* in, int n, float
   }
   matmul(out_.w(), x, n, logits, pool);
 }
+
+#ifndef SPECDEC_CUDA
+// Without the CUDA backend no device but the CPU exists (redrafter_head_cuda.cpp otherwise).
+std::unique_ptr<ReDrafterHeadDevice> make_redrafter_head_device(const ReDrafterWeights& w,
+                                                                GgmlType weight_type,
+                                                                const std::string& device) {
+  (void)w;
+  (void)weight_type;
+  throw Error("a ReDrafter head on device '" + device +
+              "' needs the CUDA backend (cmake -DSPECDEC_CUDA=ON)");
+}
+#endif
 
 }  // namespace specdec

@@ -8,11 +8,16 @@
 //   x     [n, D]        concat(h, s), then x += SiLU(W_l · x + b_l) per block
 //   logits[n, V_d]      W_o · x
 // The same function as redrafter_step_ref (weights rounded to `weight_type`).
+//
+// With a device attached (set_device: the target's GPU), step() runs there instead - the same
+// weights in the same type, inputs and outputs still in host memory - so that a GPU target's
+// drafting does not stream the head's weights through the host's memory at every step.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "drafter/head_matrix.h"
@@ -27,6 +32,25 @@ struct ReDrafterScratch {
   std::vector<float> y;  // [n, D]
 };
 
+// The head's step on a device: ReDrafterHead::step's function on the same weights, up to float
+// rounding (silu's exp, the order of the matmul's sums). Host memory in and out; step() may be
+// called from any one thread at a time per head (it locks).
+class ReDrafterHeadDevice {
+ public:
+  virtual ~ReDrafterHeadDevice() = default;
+  virtual const char* device_name() const = 0;
+  // h: [dim]; in: [n, dim + S]; s_out: [n, S]; logits: [n, V_d].
+  virtual void step(std::span<const float> h, const float* in, int n, float* s_out,
+                    float* logits) = 0;
+};
+
+// A copy of the head on `device` ("cuda": drafter/redrafter_head_cuda.cpp), its matrices in
+// weight_type (Q8_0, F16 or F32, as ReDrafterHead chose). Throws specdec::Error for a device this
+// build lacks or that does not answer.
+std::unique_ptr<ReDrafterHeadDevice> make_redrafter_head_device(const ReDrafterWeights& w,
+                                                                GgmlType weight_type,
+                                                                const std::string& device);
+
 class ReDrafterHead {
  public:
   // weight_type: kQ8_0 (widths must be multiples of 32, else the head stays F32), kF16 or kF32.
@@ -40,9 +64,15 @@ class ReDrafterHead {
   // Bytes of weights one step streams.
   int64_t weight_bytes() const;
 
-  // in: [n, dim + S]; s_out: [n, S]; logits: [n, V_d]. h: [dim].
+  // in: [n, dim + S]; s_out: [n, S]; logits: [n, V_d]. h: [dim]. On the attached device if
+  // any (scratch and pool unused then).
   void step(std::span<const float> h, const float* in, int n, float* s_out, float* logits,
             ReDrafterScratch* scratch, ThreadPool* pool) const;
+
+  // Runs every later step on `device` (null: back on the CPU).
+  void set_device(std::unique_ptr<ReDrafterHeadDevice> device) { device_ = std::move(device); }
+  // "cpu" or the attached device's name.
+  const char* device_name() const { return device_ ? device_->device_name() : "cpu"; }
 
  private:
   ReDrafterShape shape_;
@@ -53,6 +83,7 @@ class ReDrafterHead {
   std::vector<HeadMatrix> blocks_;         // n_blocks x [D, D]
   std::vector<std::vector<float>> b_block_;  // n_blocks x [D]
   HeadMatrix out_;                         // [V_d, D]
+  std::unique_ptr<ReDrafterHeadDevice> device_;  // null: the CPU
 };
 
 }  // namespace specdec

@@ -780,7 +780,7 @@ TEST(CudaEngine, GreedyPlainNgramDraftEqualSolo) {
 }
 
 // ReDrafter and Medusa on the GPU (random heads over the model's frequent tokens, as the CPU
-// tests): the head runs on the host from the hidden rows the GPU pass returns.
+// tests): the head runs on the host from the hidden rows the GPU pass returns, then on the GPU.
 TEST(CudaEngine, ReDrafterMedusaEqualSolo) {
   SKIP_WITHOUT_GPU();
   auto model = load_gpu(test::tiny_model("stories260K.gguf"));
@@ -790,9 +790,14 @@ TEST(CudaEngine, ReDrafterMedusaEqualSolo) {
     prompts.push_back(tok->encode(t, true, false));
   }
   const std::vector<int32_t> vocab = test::frequent_tokens(*model, prompts, 24);
-  const ReDrafterHead head(test::random_head(*model, vocab, 32, 2, 5));
+  const ReDrafterWeights w = test::random_head(*model, vocab, 32, 2, 5);
+  const ReDrafterHead head(w);
   const MedusaHeads medusa(test::random_medusa(*model, vocab, 4, 6));
   check_engine(*model, nullptr, SpecMethod::kReDrafter, 8, 24, "stories260K redrafter", &head);
+  ReDrafterHead on_gpu(w);  // the head's steps on the GPU too
+  on_gpu.set_device(make_redrafter_head_device(w, on_gpu.weight_type(), "cuda"));
+  check_engine(*model, nullptr, SpecMethod::kReDrafter, 8, 24, "stories260K redrafter, head on the GPU",
+               &on_gpu);
   check_engine(*model, nullptr, SpecMethod::kMedusa, 8, 24, "stories260K medusa", nullptr,
                &medusa);
 }
@@ -805,8 +810,13 @@ TEST(CudaEngine, SmolLM2ShippedReDrafterEqualsSolo) {
   auto model = load_gpu(test::default_model_path());
   const std::string head_path = find_drafter_head(*model, "redrafter");
   ASSERT_FALSE(head_path.empty()) << "no ReDrafter head for the default model";
-  const ReDrafterHead head(load_redrafter(head_path));
+  const ReDrafterWeights w = load_redrafter(head_path);
+  const ReDrafterHead head(w);
   check_engine(*model, nullptr, SpecMethod::kReDrafter, 4, 24, "SmolLM2 redrafter", &head);
+  ReDrafterHead on_gpu(w);
+  on_gpu.set_device(make_redrafter_head_device(w, on_gpu.weight_type(), "cuda"));
+  check_engine(*model, nullptr, SpecMethod::kReDrafter, 4, 24, "SmolLM2 redrafter, head on the GPU",
+               &on_gpu);
 }
 
 TEST(CudaEngine, SmolLM2NgramEqualsSolo) {

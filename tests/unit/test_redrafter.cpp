@@ -282,6 +282,19 @@ void reference_beams(const ReDrafterWeights& w, const Model& target, const std::
   }
 }
 
+// A head on a device this build lacks (or no such device) is a clear error; the head itself
+// stays on the CPU.
+TEST(ReDrafterHead, DeviceThisBuildLacksIsAnError) {
+  const ReDrafterWeights w = random_head(64, 32, 1, 50, 512, 2);
+  ReDrafterHead head(w);
+  EXPECT_STREQ(head.device_name(), "cpu");
+  EXPECT_THROW(make_redrafter_head_device(w, head.weight_type(), "tpu"), Error);
+#ifndef SPECDEC_CUDA
+  EXPECT_THROW(make_redrafter_head_device(w, head.weight_type(), "cuda"), Error);
+#endif
+  EXPECT_STREQ(head.device_name(), "cpu");
+}
+
 TEST(ReDrafterBeamSearch, MatchesAReferenceSearch) {
   std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
   const int dim = tiny->config().dim;
@@ -304,7 +317,9 @@ TEST(ReDrafterBeamSearch, MatchesAReferenceSearch) {
         const std::vector<int32_t> toks(got.tokens.begin() + b * len, got.tokens.begin() + (b + 1) * len);
         EXPECT_EQ(toks, want[b]) << "seed " << seed << " M " << m << " C " << len << " beam " << b;
         EXPECT_NEAR(got.scores[b], want_scores[b], 1e-3);
-        if (b > 0) EXPECT_LE(got.scores[b], got.scores[b - 1]);
+        if (b > 0) {
+          EXPECT_LE(got.scores[b], got.scores[b - 1]);
+        }
       }
     }
   }

@@ -302,6 +302,60 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   CUDA_CHECK_LAUNCH("swiglu_kernel");
 }
 
+namespace {
+
+// silu(v) = v / (1 + exp(-v)), each step rounded as the CPU's drafter heads round it.
+__device__ __forceinline__ float silu_one(float v) {
+  return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v)));
+}
+
+// s_pre, s_out: [n, S]; b: [S]; h: [dim]; x: [n, dim + S].
+__global__ void redrafter_state_kernel(const float* __restrict__ s_pre, const float* __restrict__ b,
+                                       const float* __restrict__ h, int64_t n, int64_t dim,
+                                       int64_t state, float* __restrict__ s_out,
+                                       float* __restrict__ x) {
+  const int64_t width = dim + state;
+  const int64_t total = n * width;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    if (c < dim) {
+      x[i] = h[c];
+    } else {
+      const float v = silu_one(__fadd_rn(s_pre[r * state + (c - dim)], b[c - dim]));
+      s_out[r * state + (c - dim)] = v;
+      x[i] = v;
+    }
+  }
+}
+
+// x, y: [n, d]; b: [d].
+__global__ void bias_silu_residual_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                          const float* __restrict__ b, int64_t n, int64_t d) {
+  const int64_t total = n * d;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = __fadd_rn(x[i], silu_one(__fadd_rn(y[i], b[i % d])));
+  }
+}
+
+}  // namespace
+
+void redrafter_state(const float* s_pre, const float* b, const float* h, int64_t n, int64_t dim,
+                     int64_t state, float* s_out, float* x) {
+  if (n <= 0) return;
+  redrafter_state_kernel<<<grid_for(n * (dim + state), kThreads), kThreads, 0,
+                           detail::stream()>>>(s_pre, b, h, n, dim, state, s_out, x);
+  CUDA_CHECK_LAUNCH("redrafter_state_kernel");
+}
+
+void bias_silu_residual(float* x, const float* y, const float* b, int64_t n, int64_t d) {
+  if (n <= 0 || d <= 0) return;
+  bias_silu_residual_kernel<<<grid_for(n * d, kThreads), kThreads, 0, detail::stream()>>>(
+      x, y, b, n, d);
+  CUDA_CHECK_LAUNCH("bias_silu_residual_kernel");
+}
+
 void swiglu_rows(const float* gu, int64_t n_rows, int64_t ffn, float* out) {
   if (n_rows <= 0 || ffn <= 0) return;
   swiglu_rows_kernel<<<grid_for(n_rows * ffn, kThreads), kThreads, 0, detail::stream()>>>(

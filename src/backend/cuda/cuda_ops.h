@@ -127,6 +127,15 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out);
 // out [n_rows, ffn].
 void swiglu_rows(const float* gu, int64_t n_rows, int64_t ffn, float* out);
 
+// A ReDrafter head's step (drafter/redrafter_head.h), its element-wise parts, silu(v) =
+// v / (1 + exp(-v)) rounded as the CPU head rounds it:
+//   s_out[r, :] = silu(s_pre[r, :] + b);  x[r, :] = concat(h, s_out[r, :])
+//   s_pre, s_out: [n, state]; b: [state]; h: [dim]; x: [n, dim + state].
+void redrafter_state(const float* s_pre, const float* b, const float* h, int64_t n, int64_t dim,
+                     int64_t state, float* s_out, float* x);
+//   x[r, :] += silu(y[r, :] + b)   x, y: [n, d]; b: [d].
+void bias_silu_residual(float* x, const float* y, const float* b, int64_t n, int64_t d);
+
 // In place on x: [n_tokens, n_heads, head_dim]; token t at position positions[t] (device int32
 // [n_tokens]); the CPU's rope() numerics (theta_i = pos * freq_scale * freq_base^(-2i/rope_dim),
 // float math), the first rope_dim dims of each head rotate, the rest pass through.
