@@ -2,8 +2,8 @@
 # Runs on the lent GPU machine, in the repository root, over what scripts/cuda_device_pack.sh
 # made: unpacks it, joins the default model when both halves have arrived (the first is kept
 # in /root between calls), runs the CUDA tests and benchmarks, and writes logs under $OUT.
-# Steps can be chosen: STEPS="info ops model drafter cli spec shapes sweep attn" (default: all but sweep
-# and attn); QUICK=1 leaves out the A/B benches without graphs / fusion and the slowest spec runs.
+# Steps can be chosen: STEPS="info ops model drafter cli spec shapes sweep attn tile" (default: all
+# but sweep, attn and tile); QUICK=1 leaves out the A/B benches without graphs / fusion and the slowest spec runs.
 # Every log goes into $OUT/logs.tgz (a call brings back 8 files at most); stdout shows their tails
 # and, for the speculative benches, a one-line summary.
 set -uo pipefail
@@ -97,16 +97,36 @@ for step in $STEPS; do
         spec_run rd_2x2_cpu16 --spec redrafter --chat --prompts $MT -n 128 -t 16
       fi
       ;;
+    tile)  # the split attention's tile (SPECDEC_CUDA_ATTN_TILE), each value's runs together
+      if [ -f "$model" ]; then
+        MT=.devcarry/mtbench-20.jsonl
+        for tile in ${TILES:-128 256 64}; do
+          export SPECDEC_CUDA_ATTN_TILE=$tile
+          TAIL=3 run "bench_tile$tile" "$B/specdec" bench --device cuda -p 512 -n 128 --output-format json
+          for reps in 60 240; do
+            long=$(python3 -c "print(' '.join(['The river runs through the old town, and every morning the fishermen set out.'] * $reps))")
+            TAIL=1 run "plain_long${reps}_tile$tile" "$B/specdec" generate --device cuda -n 256 --ignore-eos -p "$long"
+          done
+          run "calibrate_tile$tile" "$B/specdec" bench --device cuda --calibrate -p 256
+          spec_run "ngram_grounded_tile$tile" --device cuda --spec ngram --prompts bench/prompts/grounded.jsonl -n 128
+          spec_run "rd_2x2_tile$tile" --device cuda --spec redrafter --chat --prompts $MT -n 128 --repeats 2 --interleave
+          unset SPECDEC_CUDA_ATTN_TILE
+        done
+      fi
+      ;;
     shapes)
       run shapes "$B/bench_cuda_shapes" --all --layout both
       ;;
     sweep) run sweep "$B/bench_cuda_shapes" --sweep ;;
-    attn)  # plain decoding after a long prompt: the attention kernels (fast vs legacy), same run
+    attn)  # plain decoding after long prompts: the attention kernels (split, fast, legacy), same run
       if [ -f "$model" ]; then
-        long=$(python3 -c "print(' '.join(['The river runs through the old town, and every morning the fishermen set out.'] * 60))")
-        for mode in fast legacy fast; do
-          a=""; [ $mode = legacy ] && a=legacy
-          SPECDEC_CUDA_ATTN=$a TAIL=3 run "plain_long_$mode" "$B/specdec" generate --device cuda -n 256 --ignore-eos -p "$long"
+        for reps in 60 240; do  # ~960 and ~3,800 prompt tokens
+          long=$(python3 -c "print(' '.join(['The river runs through the old town, and every morning the fishermen set out.'] * $reps))")
+          for mode in split fast legacy split; do
+            [ $reps = 240 ] && [ $mode = legacy ] && continue
+            a=$mode; [ $mode = split ] && a=""
+            SPECDEC_CUDA_ATTN=$a TAIL=1 run "plain_long${reps}_$mode" "$B/specdec" generate --device cuda -n 256 --ignore-eos -p "$long"
+          done
         done
       fi
       ;;

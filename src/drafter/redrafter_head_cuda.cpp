@@ -76,7 +76,7 @@ class CudaReDrafterHead final : public ReDrafterHeadDevice {
   void step(std::span<const float> h, const float* in, int n, float* s_out,
             float* logits) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    const int64_t s = shape_.state_dim, dim = shape_.dim, d = shape_.width();
+    const int64_t s = shape_.state_dim, dim = shape_.dim;
     const int64_t vd = shape_.n_draft_vocab;
     SPECDEC_CHECK(static_cast<int64_t>(h.size()) == dim, "ReDrafterHead (cuda): hidden size");
     if (n <= 0) return;

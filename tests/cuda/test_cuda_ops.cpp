@@ -941,14 +941,19 @@ TEST(CudaOps, PagedAttentionMatchesCpuAndIsBatchInvariant) {
   }
 }
 
-// The default (fast) kernel against the legacy one: bitwise the same results for decode,
-// verification, trees and prefill rows, up to a few thousand cached slots, both cache types.
+// The fast kernel against the legacy one: bitwise the same results for decode, verification,
+// trees and prefill rows, up to a few thousand cached slots, both cache types.
 TEST(CudaOps, PagedAttentionFastBitwiseEqualsLegacy) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
   struct Restore {
     bool was = cuda::attention_legacy();
-    ~Restore() { cuda::set_attention_legacy(was); }
+    bool split = cuda::attention_split();
+    ~Restore() {
+      cuda::set_attention_legacy(was);
+      cuda::set_attention_split(split);
+    }
   } restore;
+  cuda::set_attention_split(false);
   for (const AttnCase c : {AttnCase{9, 3, 64}, AttnCase{4, 1, 128}, AttnCase{8, 4, 8},
                            AttnCase{2, 2, 256}}) {
     for (KvType type : {KvType::kF16, KvType::kF32}) {
@@ -982,6 +987,96 @@ TEST(CudaOps, PagedAttentionFastBitwiseEqualsLegacy) {
       ASSERT_EQ(e, -1) << "first difference at row " << e / row_floats << " elem "
                        << e % row_floats << ": fast " << fast[e] << " legacy " << legacy[e];
       for (float x : fast) ASSERT_FALSE(std::isnan(x));
+    }
+  }
+}
+
+// The split kernel (the default) against the fast one on the same long sequences: a row of at
+// most one tile of visible slots (64 by default) bitwise, a longer one (its tiles merged) within
+// float rounding; every row within 1e-4 of the CPU; each sequence alone bitwise as in the batch.
+TEST(CudaOps, PagedAttentionSplitMatchesFastAndCpu) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  struct Restore {
+    bool was = cuda::attention_legacy();
+    bool split = cuda::attention_split();
+    ~Restore() {
+      cuda::set_attention_legacy(was);
+      cuda::set_attention_split(split);
+    }
+  } restore;
+  cuda::set_attention_legacy(false);
+  for (const AttnCase c : {AttnCase{9, 3, 64}, AttnCase{4, 1, 128}, AttnCase{8, 4, 8}}) {
+    for (KvType type : {KvType::kF16, KvType::kF32}) {
+      SCOPED_TRACE(std::string(kv_type_name(type)) + " heads " + std::to_string(c.n_heads) + "/" +
+                   std::to_string(c.n_kv) + " head_dim " + std::to_string(c.hd));
+      std::mt19937 rng(static_cast<uint32_t>(c.hd * 13 + c.n_heads));
+      Pool pool = make_pool(type, c.n_kv, c.hd, 16, 460, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+      std::vector<Seq> seqs;
+      // (tiles of 64 visible slots by default)
+      seqs.push_back(make_seq(pool, rng, 3000, 1, false, false));  // a long decode: 47 tiles
+      seqs.push_back(make_seq(pool, rng, 2100, 11, true, false));  // a long tree
+      seqs.push_back(make_seq(pool, rng, 120, 20, true, false));   // a tree across tiles
+      seqs.push_back(make_seq(pool, rng, 250, 8, false, false));   // verification at 256
+      seqs.push_back(make_seq(pool, rng, 0, 300, false, false));   // prefill: 1 to 5 tiles
+      seqs.push_back(make_seq(pool, rng, 0, 5, true, true));       // a blind first row
+      const int64_t row_floats = static_cast<int64_t>(c.n_heads) * c.hd;
+      std::vector<std::vector<float>> qs;
+      std::vector<float> q_all;
+      std::vector<const Seq*> ptrs;
+      for (const Seq& s : seqs) {
+        qs.push_back(random_floats(rng, s.n_new * row_floats, -2.0f, 2.0f));
+        q_all.insert(q_all.end(), qs.back().begin(), qs.back().end());
+        ptrs.push_back(&s);
+      }
+      cuda::set_attention_split(false);
+      const std::vector<float> fast = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      cuda::set_attention_split(true);
+      const std::vector<float> split = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      ASSERT_EQ(fast.size(), split.size());
+      int64_t row0 = 0, one_tile_rows = 0, merged_rows = 0;
+      float worst_merged = 0.0f;
+      for (size_t si = 0; si < seqs.size(); ++si) {
+        const Seq& s = seqs[si];
+        SCOPED_TRACE("sequence " + std::to_string(si));
+        const std::vector<float> ref = cpu_attention(s, c.n_heads, c.n_kv, c.hd, scale, qs[si]);
+        for (int64_t i = 0; i < s.n_new; ++i) {
+          int64_t visible = s.n_past;
+          for (int64_t j = 0; j < s.n_new; ++j) {
+            visible += (s.mask.empty() ? j <= i : s.mask[i * s.n_new + j] != 0) ? 1 : 0;
+          }
+          const float* a = split.data() + (row0 + i) * row_floats;
+          const float* b = fast.data() + (row0 + i) * row_floats;
+          if (visible <= cuda::attention_tile()) {
+            ASSERT_EQ(first_bit_difference(a, b, row_floats), -1) << "row " << i << " (one tile)";
+            ++one_tile_rows;
+          } else {
+            for (int64_t e = 0; e < row_floats; ++e) {
+              worst_merged = std::max(worst_merged, std::fabs(a[e] - b[e]));
+            }
+            ++merged_rows;
+          }
+          for (int64_t e = 0; e < row_floats; ++e) {
+            ASSERT_FALSE(std::isnan(a[e]));
+            ASSERT_LE(std::fabs(a[e] - ref[i * row_floats + e]), 1e-4f)
+                << "row " << i << " elem " << e;
+          }
+        }
+        const std::vector<float> alone = gpu_attention(pool, {&s}, c.n_heads, scale, qs[si]);
+        ASSERT_EQ(first_bit_difference(alone.data(), split.data() + row0 * row_floats,
+                                       s.n_new * row_floats),
+                  -1)
+            << "alone vs batched";
+        row0 += s.n_new;
+      }
+      EXPECT_GT(one_tile_rows, 0);
+      EXPECT_GT(merged_rows, 0);
+      EXPECT_LT(worst_merged, 1e-5f) << "merged tiles vs one pass";
+      std::printf("split vs fast (%s, %d/%d heads, head_dim %d): %lld one-tile rows bitwise, "
+                  "%lld merged rows within %.3g\n",
+                  kv_type_name(type), c.n_heads, c.n_kv, c.hd,
+                  static_cast<long long>(one_tile_rows), static_cast<long long>(merged_rows),
+                  static_cast<double>(worst_merged));
     }
   }
 }

@@ -178,20 +178,34 @@ struct DeviceAttnSeq {
 //   (causal: j <= i); GQA: head h reads KV head h / (n_heads / n_kv_heads). A query that sees
 //   nothing gets zeros. Each (query row, head) result is independent of the other rows
 //   (batch invariance above). max_visible: an upper bound of n_past + n_new over the sequences
-//   (the fast kernel keeps a row's scores in shared memory sized by it; a row beyond it gets
-//   NaN).
-// Two kernels with bitwise the same results (attention_legacy switches): the default stages each
-// chunk's V rows in shared memory and computes every score once (loads of several slots in
-// flight), the legacy one reads K twice and V slot by slot (latency-bound at long contexts).
+//   (the kernels size their shared memory and tiles by it; a row beyond it gets NaN).
+// Three kernels:
+//   split (the default): a row's visible slots cut into tiles (attention_tile(): 64) by their
+//     rank among the visible ones, one thread block per (row, head, tile), the tiles merged in
+//     tile order by a second kernel (flash decoding: long contexts spread over many thread
+//     blocks). A row of at most one tile of visible slots gets bitwise the fast kernel's
+//     result; a longer one a result within float rounding of it, the same in any batch (the
+//     tiles depend on the row's visible slots only).
+//   fast: one thread block per (row, head); stages each chunk's V rows in shared memory and
+//     computes every score once (loads of several slots in flight);
+//   legacy: bitwise the fast kernel's results; reads K twice and V slot by slot.
+// Greedy speculation equals plain decoding under each (one kernel serves every pass of a run).
 void paged_attention(const DeviceKvLayer& layer, const float* q, int64_t n_rows, int n_heads,
                      float scale, const DeviceAttnSeq* seqs, int64_t n_seqs,
                      const int32_t* tables, const uint8_t* masks, int64_t max_visible,
                      float* out);
 
-// A/B switch for paged_attention (default false, or true when the environment has
-// SPECDEC_CUDA_ATTN=legacy): the legacy kernel. Not for use while work is queued.
+// A/B switches for paged_attention (not for use while work is queued): legacy (default false;
+// true when the environment has SPECDEC_CUDA_ATTN=legacy) takes the legacy kernel; split
+// (default true; false when SPECDEC_CUDA_ATTN is fast or legacy) the split kernel, else the fast
+// one.
 void set_attention_legacy(bool legacy);
 bool attention_legacy();
+void set_attention_split(bool split);
+bool attention_split();
+// Visible slots per tile of the split kernel: SPECDEC_CUDA_ATTN_TILE (16 to 4096) or 64, fixed
+// for the process (a row's bits depend on it).
+int64_t attention_tile();
 
 // Copies physical slot `from` to `to` in every layer of a pool (tree acceptance compaction):
 //   k, v: pool bases as in DeviceKvLayer, layer_elems = n_blocks * block_slots * row_elems.

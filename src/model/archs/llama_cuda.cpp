@@ -61,7 +61,8 @@ size_t align16(size_t n) { return (n + 15) & ~size_t{15}; }
 
 // The max_visible given to paged_attention: an upper bound of n_past + n_new (the next power of
 // two, at least 256) rather than the exact value, so that a decode step's launches - and its CUDA
-// graph - stay the same for many steps. (The kernel does not read it yet.)
+// graph - stay the same for many steps (the attention kernels size their shared memory and the
+// split kernel its grid of tiles by it).
 int64_t visible_bound(int64_t v) {
   int64_t b = 256;
   while (b < v) b *= 2;
@@ -808,6 +809,7 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
       };
       put(cuda::matmul_legacy() ? 1 : 0);
       put(cuda::attention_legacy() ? 1 : 0);
+      put(cuda::attention_split() ? 1 : 0);
       put(n);
       put(n_out);
       put(static_cast<int64_t>(descs.size()));
