@@ -587,25 +587,9 @@ std::atomic<bool>& attention_split_flag() {
   return f;
 }
 
-// The split kernel's scratch: grows (never during a stream capture).
-struct SplitScratch {
-  DeviceBuffer buf;
-  void* get(size_t bytes) {
-    if (bytes > buf.bytes()) {
-      cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-      CUDA_CHECK(cudaStreamIsCapturing(detail::stream(), &st));
-      if (st != cudaStreamCaptureStatusNone) {
-        throw Error("cuda::paged_attention: split scratch of " + std::to_string(bytes) +
-                    " bytes needed during a graph capture (run the shape once before capturing)");
-      }
-      CUDA_CHECK(cudaStreamSynchronize(detail::stream()));  // the old buffer may still be in use
-      buf = DeviceBuffer(std::max(bytes, size_t{1} << 20));
-    }
-    return buf.data();
-  }
-};
-SplitScratch& split_scratch() {
-  static SplitScratch* s = new SplitScratch;  // never destroyed: no cudaFree after teardown
+// The split kernel's scratch: tile counts and partial results.
+detail::StreamScratch& split_scratch() {
+  static auto* s = new detail::StreamScratch("paged_attention: split scratch", size_t{1} << 20);
   return *s;
 }
 

@@ -5,8 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <string>
 
+#include "backend/cuda/cuda_ops.h"  // DeviceBuffer
 #include "util/check.h"
 
 namespace specdec::cuda::detail {
@@ -17,6 +19,22 @@ namespace specdec::cuda::detail {
 // The one stream every op of the backend queues its work on: created (non-blocking) at first
 // use, never destroyed (it lives as long as the process).
 cudaStream_t stream();
+
+// An op's device scratch on the stream (matmul's quantized activations, the split attention's
+// tiles): get(bytes) grows it to at least max(bytes, min_bytes) - after waiting for the stream,
+// since queued work may still use the old buffer - and never during a stream capture, where it
+// throws "cuda::<what> of N bytes needed during a graph capture ...". Callers keep one for the
+// process (never destroyed: no cudaFree after the runtime's teardown).
+class StreamScratch {
+ public:
+  StreamScratch(const char* what, size_t min_bytes) : what_(what), min_bytes_(min_bytes) {}
+  void* get(size_t bytes);
+
+ private:
+  const char* what_;
+  size_t min_bytes_;
+  DeviceBuffer buf_;
+};
 
 }  // namespace specdec::cuda::detail
 

@@ -24,6 +24,20 @@ cudaStream_t stream() {
   return s;
 }
 
+void* StreamScratch::get(size_t bytes) {
+  if (bytes > buf_.bytes()) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream(), &st));
+    if (st != cudaStreamCaptureStatusNone) {
+      throw Error(std::string("cuda::") + what_ + " of " + std::to_string(bytes) +
+                  " bytes needed during a graph capture (run the shape once before capturing)");
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old buffer may still be in use
+    buf_ = DeviceBuffer(std::max(bytes, min_bytes_));
+  }
+  return buf_.data();
+}
+
 }  // namespace detail
 
 using detail::stream;

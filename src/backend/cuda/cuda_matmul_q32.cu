@@ -802,25 +802,9 @@ __global__ void __launch_bounds__(MAXW * 32)
 
 // ---- host side ---------------------------------------------------------------------------------
 
-// Scratch for the quantized activations: grows (never during a stream capture).
-struct Scratch {
-  DeviceBuffer buf;
-  void* get(size_t bytes) {
-    if (bytes > buf.bytes()) {
-      cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-      CUDA_CHECK(cudaStreamIsCapturing(stream(), &st));
-      if (st != cudaStreamCaptureStatusNone) {
-        throw Error("cuda::matmul: activation scratch of " + std::to_string(bytes) +
-                    " bytes needed during a graph capture (run the shape once before capturing)");
-      }
-      CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old buffer may still be in use
-      buf = DeviceBuffer(std::max(bytes, size_t{8} << 20));
-    }
-    return buf.data();
-  }
-};
-Scratch& scratch() {
-  static Scratch* s = new Scratch;  // never destroyed: no cudaFree after the runtime's teardown
+// Scratch for the quantized activations.
+StreamScratch& scratch() {
+  static StreamScratch* s = new StreamScratch("matmul: activation scratch", size_t{8} << 20);
   return *s;
 }
 
