@@ -17,6 +17,7 @@
 #include "backend/cpu/thread_pool.h"
 #include "backend/cuda/cuda_ops.h"
 #include "common/random_head.h"
+#include "common/skip_without_gpu.h"
 #include "common/test_paths.h"
 #include "drafter/beam_search.h"
 #include "drafter/head_registry.h"
@@ -28,11 +29,6 @@
 
 namespace specdec {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                    \
-  do {                                                        \
-    if (!cuda::available()) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
 
 std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale) {
   std::normal_distribution<float> nd(0.0f, scale);

@@ -42,6 +42,7 @@
 #include "common/gguf_writer.h"
 #include "common/random_blocks.h"
 #include "common/random_head.h"
+#include "common/skip_without_gpu.h"
 #include "common/solo_run.h"
 #include "common/test_paths.h"
 #include "drafter/head_registry.h"
@@ -62,11 +63,6 @@
 
 namespace specdec {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                            \
-  do {                                                                \
-    if (!cuda::available()) GTEST_SKIP() << "no CUDA device";         \
-  } while (0)
 
 std::unique_ptr<Model> load_gpu(const std::string& path) { return Model::load(path, Device::kCuda); }
 

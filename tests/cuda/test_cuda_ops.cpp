@@ -852,12 +852,44 @@ struct AttnCase {
   int n_heads, n_kv, hd;
 };
 
+std::string attn_case_name(const AttnCase& c, KvType type) {
+  return std::string(kv_type_name(type)) + " heads " + std::to_string(c.n_heads) + "/" +
+         std::to_string(c.n_kv) + " head_dim " + std::to_string(c.hd);
+}
+
+// Random queries for each sequence's new rows, drawn in sequence order: per sequence
+// ([n_new, n_heads, hd] each) and joined in row order, with the sequences for gpu_attention.
+struct Queries {
+  std::vector<std::vector<float>> per_seq;
+  std::vector<float> all;
+  std::vector<const Seq*> seqs;
+};
+Queries random_queries(const std::vector<Seq>& seqs, int64_t row_floats, std::mt19937& rng,
+                       float lo, float hi) {
+  Queries q;
+  for (const Seq& s : seqs) {
+    q.per_seq.push_back(random_floats(rng, s.n_new * row_floats, lo, hi));
+    q.all.insert(q.all.end(), q.per_seq.back().begin(), q.per_seq.back().end());
+    q.seqs.push_back(&s);
+  }
+  return q;
+}
+
+// Puts paged_attention's kernel switches back as they were when the test began.
+struct AttentionModeRestore {
+  bool legacy = cuda::attention_legacy();
+  bool split = cuda::attention_split();
+  ~AttentionModeRestore() {
+    cuda::set_attention_legacy(legacy);
+    cuda::set_attention_split(split);
+  }
+};
+
 TEST(CudaOps, PagedAttentionMatchesCpuAndIsBatchInvariant) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
   for (const AttnCase c : {AttnCase{9, 3, 64}, AttnCase{4, 1, 128}, AttnCase{8, 4, 8}}) {
     for (KvType type : {KvType::kF16, KvType::kF32}) {
-      SCOPED_TRACE(std::string(kv_type_name(type)) + " heads " + std::to_string(c.n_heads) + "/" +
-                   std::to_string(c.n_kv) + " head_dim " + std::to_string(c.hd));
+      SCOPED_TRACE(attn_case_name(c, type));
       std::mt19937 rng(static_cast<uint32_t>(c.hd * 31 + c.n_heads));
       Pool pool = make_pool(type, c.n_kv, c.hd, 16, 160, rng);
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
@@ -871,15 +903,9 @@ TEST(CudaOps, PagedAttentionMatchesCpuAndIsBatchInvariant) {
       seqs.push_back(make_seq(pool, rng, 0, 4, true, true));
       seqs.push_back(make_seq(pool, rng, 700, 1, false, false));
       const int64_t row_floats = static_cast<int64_t>(c.n_heads) * c.hd;
-      std::vector<std::vector<float>> qs;
-      std::vector<float> q_all;
-      std::vector<const Seq*> ptrs;
-      for (const Seq& s : seqs) {
-        qs.push_back(random_floats(rng, s.n_new * row_floats, -1.0f, 1.0f));
-        q_all.insert(q_all.end(), qs.back().begin(), qs.back().end());
-        ptrs.push_back(&s);
-      }
-      const std::vector<float> batched = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      const Queries q = random_queries(seqs, row_floats, rng, -1.0f, 1.0f);
+      const std::vector<std::vector<float>>& qs = q.per_seq;
+      const std::vector<float> batched = gpu_attention(pool, q.seqs, c.n_heads, scale, q.all);
       int64_t row0 = 0;
       for (size_t si = 0; si < seqs.size(); ++si) {
         const Seq& s = seqs[si];
@@ -945,20 +971,12 @@ TEST(CudaOps, PagedAttentionMatchesCpuAndIsBatchInvariant) {
 // trees and prefill rows, up to a few thousand cached slots, both cache types.
 TEST(CudaOps, PagedAttentionFastBitwiseEqualsLegacy) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
-  struct Restore {
-    bool was = cuda::attention_legacy();
-    bool split = cuda::attention_split();
-    ~Restore() {
-      cuda::set_attention_legacy(was);
-      cuda::set_attention_split(split);
-    }
-  } restore;
+  const AttentionModeRestore restore;
   cuda::set_attention_split(false);
   for (const AttnCase c : {AttnCase{9, 3, 64}, AttnCase{4, 1, 128}, AttnCase{8, 4, 8},
                            AttnCase{2, 2, 256}}) {
     for (KvType type : {KvType::kF16, KvType::kF32}) {
-      SCOPED_TRACE(std::string(kv_type_name(type)) + " heads " + std::to_string(c.n_heads) + "/" +
-                   std::to_string(c.n_kv) + " head_dim " + std::to_string(c.hd));
+      SCOPED_TRACE(attn_case_name(c, type));
       std::mt19937 rng(static_cast<uint32_t>(c.hd * 17 + c.n_heads));
       Pool pool = make_pool(type, c.n_kv, c.hd, 16, 420, rng);
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
@@ -970,17 +988,11 @@ TEST(CudaOps, PagedAttentionFastBitwiseEqualsLegacy) {
       seqs.push_back(make_seq(pool, rng, 0, 5, true, true));        // a blind first row
       seqs.push_back(make_seq(pool, rng, 33, 1, false, false));
       const int64_t row_floats = static_cast<int64_t>(c.n_heads) * c.hd;
-      std::vector<float> q_all;
-      std::vector<const Seq*> ptrs;
-      for (const Seq& s : seqs) {
-        const std::vector<float> q = random_floats(rng, s.n_new * row_floats, -2.0f, 2.0f);
-        q_all.insert(q_all.end(), q.begin(), q.end());
-        ptrs.push_back(&s);
-      }
+      const Queries q = random_queries(seqs, row_floats, rng, -2.0f, 2.0f);
       cuda::set_attention_legacy(true);
-      const std::vector<float> legacy = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      const std::vector<float> legacy = gpu_attention(pool, q.seqs, c.n_heads, scale, q.all);
       cuda::set_attention_legacy(false);
-      const std::vector<float> fast = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      const std::vector<float> fast = gpu_attention(pool, q.seqs, c.n_heads, scale, q.all);
       ASSERT_EQ(legacy.size(), fast.size());
       const int64_t e =
           first_bit_difference(fast.data(), legacy.data(), static_cast<int64_t>(fast.size()));
@@ -996,19 +1008,11 @@ TEST(CudaOps, PagedAttentionFastBitwiseEqualsLegacy) {
 // float rounding; every row within 1e-4 of the CPU; each sequence alone bitwise as in the batch.
 TEST(CudaOps, PagedAttentionSplitMatchesFastAndCpu) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
-  struct Restore {
-    bool was = cuda::attention_legacy();
-    bool split = cuda::attention_split();
-    ~Restore() {
-      cuda::set_attention_legacy(was);
-      cuda::set_attention_split(split);
-    }
-  } restore;
+  const AttentionModeRestore restore;
   cuda::set_attention_legacy(false);
   for (const AttnCase c : {AttnCase{9, 3, 64}, AttnCase{4, 1, 128}, AttnCase{8, 4, 8}}) {
     for (KvType type : {KvType::kF16, KvType::kF32}) {
-      SCOPED_TRACE(std::string(kv_type_name(type)) + " heads " + std::to_string(c.n_heads) + "/" +
-                   std::to_string(c.n_kv) + " head_dim " + std::to_string(c.hd));
+      SCOPED_TRACE(attn_case_name(c, type));
       std::mt19937 rng(static_cast<uint32_t>(c.hd * 13 + c.n_heads));
       Pool pool = make_pool(type, c.n_kv, c.hd, 16, 460, rng);
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
@@ -1021,18 +1025,12 @@ TEST(CudaOps, PagedAttentionSplitMatchesFastAndCpu) {
       seqs.push_back(make_seq(pool, rng, 0, 300, false, false));   // prefill: 1 to 5 tiles
       seqs.push_back(make_seq(pool, rng, 0, 5, true, true));       // a blind first row
       const int64_t row_floats = static_cast<int64_t>(c.n_heads) * c.hd;
-      std::vector<std::vector<float>> qs;
-      std::vector<float> q_all;
-      std::vector<const Seq*> ptrs;
-      for (const Seq& s : seqs) {
-        qs.push_back(random_floats(rng, s.n_new * row_floats, -2.0f, 2.0f));
-        q_all.insert(q_all.end(), qs.back().begin(), qs.back().end());
-        ptrs.push_back(&s);
-      }
+      const Queries q = random_queries(seqs, row_floats, rng, -2.0f, 2.0f);
+      const std::vector<std::vector<float>>& qs = q.per_seq;
       cuda::set_attention_split(false);
-      const std::vector<float> fast = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      const std::vector<float> fast = gpu_attention(pool, q.seqs, c.n_heads, scale, q.all);
       cuda::set_attention_split(true);
-      const std::vector<float> split = gpu_attention(pool, ptrs, c.n_heads, scale, q_all);
+      const std::vector<float> split = gpu_attention(pool, q.seqs, c.n_heads, scale, q.all);
       ASSERT_EQ(fast.size(), split.size());
       int64_t row0 = 0, one_tile_rows = 0, merged_rows = 0;
       float worst_merged = 0.0f;
