@@ -7,6 +7,7 @@
 
 #include "engine/generator.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specdec::test {
 
@@ -27,6 +28,15 @@ std::vector<int32_t> frequent_tokens(Model& model, const std::vector<std::vector
     out.push_back(order[i].second);
   }
   return out;
+}
+
+std::vector<int32_t> story_tokens(Model& model, int n) {
+  auto tok = Tokenizer::from_gguf(model.file());
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* t : {"Once upon a time", "Lily and Ben went to the park.", "Tom had a red ball."}) {
+    prompts.push_back(tok->encode(t, true, false));
+  }
+  return frequent_tokens(model, prompts, n);
 }
 
 ReDrafterWeights random_head(const Model& target, std::vector<int32_t> vocab, int state_dim,

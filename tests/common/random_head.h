@@ -20,6 +20,11 @@ namespace test {
 std::vector<int32_t> frequent_tokens(Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                      int n);
 
+// frequent_tokens over three story openings ("Once upon a time", "Lily and Ben went to the
+// park.", "Tom had a red ball."), encoded with the model's own tokenizer: a draft vocabulary for
+// random heads on the tiny story models.
+std::vector<int32_t> story_tokens(Model& model, int n);
+
 // A head for `target` (its fingerprint, width and vocabulary) over `vocab` (most frequent
 // first): random weights, plus a prior through the RNN state (a constant bias, so s stays near
 // SiLU(1)) that ranks the vocabulary's tokens in its order, so that the drafts are likely

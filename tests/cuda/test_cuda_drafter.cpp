@@ -24,8 +24,8 @@
 #include "drafter/redrafter_head.h"
 #include "drafter/redrafter_weights.h"
 #include "model/device.h"
+#include "model/gguf.h"
 #include "model/model.h"
-#include "tokenizer/tokenizer.h"
 
 namespace specdec {
 namespace {
@@ -118,19 +118,10 @@ void check_head(const ReDrafterWeights& w, GgmlType type, const char* name) {
   EXPECT_GE(same_top, rows - 1) << name;
 }
 
-std::vector<int32_t> tiny_vocab(Model& model, int n) {
-  auto tok = Tokenizer::from_gguf(model.file());
-  std::vector<std::vector<int32_t>> prompts;
-  for (const char* t : {"Once upon a time", "Lily and Ben went to the park.", "Tom had a red ball."}) {
-    prompts.push_back(tok->encode(t, true, false));
-  }
-  return test::frequent_tokens(model, prompts, n);
-}
-
 TEST(CudaDrafter, ReDrafterStepMatchesCpuEveryType) {
   SKIP_WITHOUT_GPU();
   auto model = Model::load(test::tiny_model("stories260K.gguf"), Device::kCpu);
-  const ReDrafterWeights w = test::random_head(*model, tiny_vocab(*model, 48), 32, 2, 5);
+  const ReDrafterWeights w = test::random_head(*model, test::story_tokens(*model, 48), 32, 2, 5);
   check_head(w, GgmlType::kQ8_0, "stories260K random head");
   check_head(w, GgmlType::kF16, "stories260K random head");
   check_head(w, GgmlType::kF32, "stories260K random head");
@@ -153,7 +144,7 @@ TEST(CudaDrafter, ShippedSmolLM2HeadMatchesCpu) {
 TEST(CudaDrafter, BeamSearchWithDeviceHeadFindsTheCpuBeams) {
   SKIP_WITHOUT_GPU();
   auto model = Model::load(test::tiny_model("stories260K.gguf"), Device::kCpu);
-  const ReDrafterWeights w = test::random_head(*model, tiny_vocab(*model, 48), 32, 2, 9);
+  const ReDrafterWeights w = test::random_head(*model, test::story_tokens(*model, 48), 32, 2, 9);
   ReDrafterHead cpu(w);
   ReDrafterHead gpu(w);
   gpu.set_device(make_redrafter_head_device(w, gpu.weight_type(), "cuda"));

@@ -780,12 +780,7 @@ TEST(CudaEngine, GreedyPlainNgramDraftEqualSolo) {
 TEST(CudaEngine, ReDrafterMedusaEqualSolo) {
   SKIP_WITHOUT_GPU();
   auto model = load_gpu(test::tiny_model("stories260K.gguf"));
-  auto tok = Tokenizer::from_gguf(model->file());
-  std::vector<std::vector<int32_t>> prompts;
-  for (const char* t : {"Once upon a time", "Lily and Ben went to the park.", "Tom had a red ball."}) {
-    prompts.push_back(tok->encode(t, true, false));
-  }
-  const std::vector<int32_t> vocab = test::frequent_tokens(*model, prompts, 24);
+  const std::vector<int32_t> vocab = test::story_tokens(*model, 24);
   const ReDrafterWeights w = test::random_head(*model, vocab, 32, 2, 5);
   const ReDrafterHead head(w);
   const MedusaHeads medusa(test::random_medusa(*model, vocab, 4, 6));
