@@ -20,13 +20,7 @@ ReDrafterHead::ReDrafterHead(const ReDrafterWeights& w, GgmlType weight_type)
   type_ = head_weight_type(type_, {dim + s, d});
   SPECDEC_CHECK(type_ == GgmlType::kQ8_0 || type_ == GgmlType::kF16 || type_ == GgmlType::kF32,
                 "ReDrafterHead: weight type must be Q8_0, F16 or F32");
-  // The RNN's two matrices side by side: row i = [W_e row i | W_s row i].
-  std::vector<float> rnn(static_cast<size_t>(s * (dim + s)));
-  for (int64_t i = 0; i < s; ++i) {
-    std::copy_n(w.w_embed.data() + i * dim, dim, rnn.data() + i * (dim + s));
-    std::copy_n(w.w_state.data() + i * s, s, rnn.data() + i * (dim + s) + dim);
-  }
-  rnn_ = HeadMatrix(type_, rnn.data(), s, dim + s);
+  rnn_ = HeadMatrix(type_, redrafter_rnn_rows(w).data(), s, dim + s);
   b_state_ = w.b_state;
   blocks_.reserve(shape_.n_blocks);
   for (int l = 0; l < shape_.n_blocks; ++l) blocks_.emplace_back(type_, w.w_block[l].data(), d, d);

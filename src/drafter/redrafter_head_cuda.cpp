@@ -55,13 +55,7 @@ class CudaReDrafterHead final : public ReDrafterHeadDevice {
     if (!cuda::available()) throw Error("a ReDrafter head on the GPU: no CUDA device");
     if (!cuda::matmul_supported(type)) throw Error("a ReDrafter head on the GPU: weight type");
     const int64_t s = shape_.state_dim, dim = shape_.dim, d = shape_.width();
-    // The RNN's two matrices side by side, row i = [W_e row i | W_s row i], as on the CPU.
-    std::vector<float> rnn(static_cast<size_t>(s * (dim + s)));
-    for (int64_t i = 0; i < s; ++i) {
-      std::memcpy(rnn.data() + i * (dim + s), w.w_embed.data() + i * dim, dim * sizeof(float));
-      std::memcpy(rnn.data() + i * (dim + s) + dim, w.w_state.data() + i * s, s * sizeof(float));
-    }
-    rnn_ = upload_matrix(type, rnn.data(), s, dim + s);
+    rnn_ = upload_matrix(type, redrafter_rnn_rows(w).data(), s, dim + s);
     b_state_ = upload_floats(w.b_state);
     for (int l = 0; l < shape_.n_blocks; ++l) {
       blocks_.push_back(upload_matrix(type, w.w_block[l].data(), d, d));

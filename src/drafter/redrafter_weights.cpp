@@ -1,5 +1,6 @@
 #include "drafter/redrafter_weights.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -32,6 +33,16 @@ ReDrafterWeights make_redrafter(const ReDrafterShape& shape, std::vector<int32_t
   w.b_block.assign(shape.n_blocks, std::vector<float>(static_cast<size_t>(d), 0.0f));
   w.w_out.assign(static_cast<size_t>(shape.n_draft_vocab * d), 0.0f);
   return w;
+}
+
+std::vector<float> redrafter_rnn_rows(const ReDrafterWeights& w) {
+  const int64_t s = w.shape.state_dim, dim = w.shape.dim;
+  std::vector<float> rnn(static_cast<size_t>(s * (dim + s)));
+  for (int64_t i = 0; i < s; ++i) {
+    std::copy_n(w.w_embed.data() + i * dim, dim, rnn.data() + i * (dim + s));
+    std::copy_n(w.w_state.data() + i * s, s, rnn.data() + i * (dim + s) + dim);
+  }
+  return rnn;
 }
 
 StFile redrafter_to_st(const ReDrafterWeights& w, StDtype dtype) {

@@ -59,6 +59,10 @@ ReDrafterWeights make_redrafter(const ReDrafterShape& shape, std::vector<int32_t
 
 // The tensors and metadata of a head file; `dtype` for the float tensors (F32 or F16/BF16 to
 // halve the file; training checkpoints use F32).
+// The RNN's two matrices side by side, as the inference heads multiply them in one matmul:
+// [S, dim + S], row i = [W_e row i | W_s row i].
+std::vector<float> redrafter_rnn_rows(const ReDrafterWeights& w);
+
 StFile redrafter_to_st(const ReDrafterWeights& w, StDtype dtype);
 // Checks every shape and the vocabulary (ids distinct and below n_target_vocab); specdec::Error
 // naming `path` otherwise.
