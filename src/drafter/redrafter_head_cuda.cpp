@@ -145,25 +145,7 @@ class CudaReDrafterHead final : public ReDrafterHeadDevice {
     for (const cuda::DeviceBuffer* b : {&d_stage_, &d_s_pre_, &d_out_, &d_x_, &d_y_}) {
       key_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(b->data())));
     }
-    switch (graphs_.prepare(key_)) {
-      case cuda::GraphCache::Step::kReplayed:
-        return;
-      case cuda::GraphCache::Step::kCapture: {
-        graphs_.begin_capture();
-        try {
-          queue(n);
-        } catch (const std::exception& e) {
-          graphs_.abort_capture(key_, e.what());
-          queue(n);
-          return;
-        }
-        if (!graphs_.end_capture(key_, known_ranges())) queue(n);
-        return;
-      }
-      case cuda::GraphCache::Step::kRun:
-        queue(n);
-        return;
-    }
+    graphs_.queue(key_, [&] { queue(n); }, [&] { return known_ranges(); });
   }
 
   // The buffers the graph key covers, and the weights (they live as long as the cache).

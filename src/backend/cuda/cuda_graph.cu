@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -395,6 +396,33 @@ GraphCache::Step GraphCache::prepare(const std::vector<int64_t>& key) {
     return Step::kRun;
   }
   return ++e.seen >= 2 ? Step::kCapture : Step::kRun;
+}
+
+void GraphCache::queue(const std::vector<int64_t>& key, const std::function<void()>& work,
+                       const std::function<std::vector<DeviceRange>()>& known) {
+  switch (prepare(key)) {
+    case Step::kReplayed:
+      return;
+    case Step::kCapture: {
+      begin_capture();
+      bool recorded = true;
+      try {
+        work();
+      } catch (const std::exception& e) {
+        abort_capture(key, e.what());
+        recorded = false;
+      } catch (...) {
+        abort_capture(key, "unknown exception");
+        recorded = false;
+      }
+      if (recorded && end_capture(key, known())) return;
+      work();
+      return;
+    }
+    case Step::kRun:
+      work();
+      return;
+  }
 }
 
 void GraphCache::begin_capture() {

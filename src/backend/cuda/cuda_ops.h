@@ -218,6 +218,7 @@ void kv_copy_slot(void* k, void* v, KvType type, int n_layers, int64_t layer_ele
 // (Added for issue 27, "CUDA graphs for the decode step": the model's forward pass records its
 // kernels once per launch signature and replays them.)
 
+#include <functional>
 #include <vector>
 
 namespace specdec::cuda {
@@ -278,6 +279,7 @@ struct DeviceRange {
 // dropped: invalidated).
 //
 // Use, per pass (one thread at a time; the stream must not be used by other threads meanwhile):
+// cache.queue(key, work, known) does all of the following; by hand:
 //   switch (cache.prepare(key)) {
 //     case kReplayed: the work is queued;
 //     case kRun:      queue it normally (first sight of the key, or it cannot be captured);
@@ -296,6 +298,11 @@ class GraphCache {
   GraphCache& operator=(const GraphCache&) = delete;
 
   Step prepare(const std::vector<int64_t>& key);
+  // The protocol above in one call: `work` queues the pass's launches (run, recorded or not run
+  // at all when a graph is replayed), `known` gives the caller's DeviceRanges at a capture.
+  // When this returns, the work is queued, once.
+  void queue(const std::vector<int64_t>& key, const std::function<void()>& work,
+             const std::function<std::vector<DeviceRange>()>& known);
   void begin_capture();
   bool end_capture(const std::vector<int64_t>& key, const std::vector<DeviceRange>& known);
   void abort_capture(const std::vector<int64_t>& key, const char* why);

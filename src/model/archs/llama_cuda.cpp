@@ -792,7 +792,6 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
   ForwardResult result;
   try {
     // With graphs: the launch signature (every host value of queue_pass's launches).
-    bool queued = false;
     if (cuda::graphs_enabled() && !dump_) {
       std::vector<int64_t>& key = key_;
       key.clear();
@@ -834,30 +833,10 @@ ForwardResult CudaLlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool
           put(visible_bound(descs[kk].n_past + descs[kk].n_new));
         }
       }
-      switch (graphs_.prepare(key)) {
-        case cuda::GraphCache::Step::kReplayed:
-          queued = true;
-          break;
-        case cuda::GraphCache::Step::kCapture: {
-          graphs_.begin_capture();
-          bool recorded = true;
-          try {
-            queue_pass();
-          } catch (const std::exception& e) {
-            graphs_.abort_capture(key, e.what());
-            recorded = false;
-          } catch (...) {
-            graphs_.abort_capture(key, "unknown exception");
-            recorded = false;
-          }
-          if (recorded) queued = graphs_.end_capture(key, known_ranges(mems));
-          break;
-        }
-        case cuda::GraphCache::Step::kRun:
-          break;
-      }
+      graphs_.queue(key, queue_pass, [&] { return known_ranges(mems); });
+    } else {
+      queue_pass();
     }
-    if (!queued) queue_pass();
 
     if (n_out == 0) {
       cuda::synchronize();  // the K/V writes are done (and any kernel error surfaces here)
