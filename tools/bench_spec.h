@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "sample/sampler.h"
 #include "spec_options.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specdec::cli {
 
@@ -23,8 +24,27 @@ struct VerifyCost {
 VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps,
                                KvType kv_type);
 
+// One line of a prompts file: a user message, or a conversation of several user turns where
+// each later turn follows the model's own answer to the one before (MT-Bench's second turns, as
+// Spec-Bench runs them), with an optional category for per-category figures.
+struct BenchPrompt {
+  int64_t line = 0;                // 1-based line of the file
+  std::string category;            // "" when the line names none
+  std::vector<std::string> turns;  // the user messages, at least one
+};
+
+// Lines (blank ones skipped): a JSON string; an array of strings (the turns); or an object with
+// "turns" (an array of strings) or "prompt" (a string) and optionally "category" (a string).
+// Throws specdec::Error naming the file and the line.
+std::vector<BenchPrompt> read_bench_prompts(const std::string& path);
+
 struct SpecBenchInput {
-  std::vector<std::vector<int32_t>> prompts;  // tokenized
+  std::vector<std::vector<int32_t>> prompts;  // tokenized first turns
+  // Per prompt (the same order): category and turns. Empty: every prompt is one turn without a
+  // category. A prompt of several turns needs `tokenizer` and `chat`.
+  std::vector<BenchPrompt> texts;
+  const Tokenizer* tokenizer = nullptr;  // renders later turns: the conversation so far
+  bool chat = false;                     // the prompts were rendered with the chat template
   int n_gen = 128;
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;
@@ -39,13 +59,16 @@ struct SpecBenchInput {
   double verify_token_cost = 0.08;  // the adaptive draft length's cost model (calibration)
 };
 
-// Runs every prompt plain and with the spec setup (alternating, after a warm-up) and returns the
-// figures: speedup, plain_tok_s, spec_tok_s, acceptance_rate, mean_accepted_length,
-// tokens_per_pass, target passes, identical_outputs (greedy only), per-prompt rows.
+// Runs every prompt, every turn of a conversation, plain and with the spec setup (alternating,
+// after a warm-up) and returns the figures: speedup, plain_tok_s, spec_tok_s, acceptance_rate,
+// mean_accepted_length, tokens_per_pass, target passes, identical_outputs (of the turns; greedy
+// only), per-turn rows, and the same per category ("categories") when the prompts name any. A
+// later turn follows plain decoding's answer to the turn before it.
 nlohmann::json run_spec_bench(Model& model, ThreadPool* pool, SpecSetup& spec,
                               const SpecBenchInput& in);
 
-// One JSON string per line (blank lines skipped). Throws specdec::Error naming file and line.
+// The single prompts of a file in read_bench_prompts' formats (categories ignored). Throws
+// specdec::Error naming file and line, also for a line of several turns.
 std::vector<std::string> read_prompts_file(const std::string& path);
 
 }  // namespace specdec::cli

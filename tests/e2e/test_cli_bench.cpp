@@ -68,6 +68,69 @@ TEST(CliBench, SpecPairsInterleaved) {
   expect_sound(bench("interleaved", "--repeats 3 --interleave --verify-pairs 7"), true, 7);
 }
 
+// A prompts file of Spec-Bench's kind: categories, and a conversation of two turns whose second
+// turn follows plain decoding's own answer to the first (so its prompt holds that answer). Every
+// turn is a row, both modes give the same greedy output in every turn, and the figures come per
+// category as well.
+TEST(CliBench, ConversationsAndCategories) {
+  const std::string prompts = std::string(SPECDEC_BINARY_DIR) + "/cli_bench_turns.jsonl";
+  {
+    std::ofstream f(prompts);
+    f << R"({"category": "story", "turns": ["Once upon a time, there was a girl.", "And then?"]})"
+      << "\n"
+      << R"({"category": "story", "prompt": "Tom and his dog went to the park."})"
+      << "\n"
+      << R"("The cat sat on the mat. The cat sat on the")"
+      << "\n";
+  }
+  const std::string base = std::string(SPECDEC_BINARY_DIR) + "/specdec bench -m " +
+                           test::tiny_model("stories260K.gguf") + " --spec ngram --prompts " +
+                           prompts + " -n 48 -t 2 --verify-pairs 2 --output-format json";
+  int status = 0;
+  const std::string out = run_stdout(base + " --chat", &status);
+  ASSERT_EQ(status, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("prompts").get<int>(), 3);
+  EXPECT_EQ(j.at("turns").get<int>(), 4);
+  EXPECT_EQ(j.at("identical_outputs").get<int>(), 4);
+  const nlohmann::json& rows = j.at("per_prompt");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].at("turn").get<int>(), 1);
+  EXPECT_EQ(rows[1].at("prompt").get<int>(), 1);
+  EXPECT_EQ(rows[1].at("turn").get<int>(), 2);
+  EXPECT_EQ(rows[1].at("category").get<std::string>(), "story");
+  EXPECT_EQ(rows[3].at("category").get<std::string>(), "");
+  // The second turn's prompt: the first turn, the answer (its tokens, give or take how the
+  // decoded text re-tokenizes) and the new message.
+  const int first = rows[0].at("prompt_tokens").get<int>();
+  const int answer = rows[0].at("generated").get<int>();
+  EXPECT_GT(rows[1].at("prompt_tokens").get<int>(), first + answer / 2) << rows.dump();
+  const nlohmann::json& cats = j.at("categories");
+  ASSERT_EQ(cats.size(), 2u) << cats.dump();
+  EXPECT_EQ(cats.at("story").at("turns").get<int>(), 3);
+  EXPECT_EQ(cats.at("story").at("identical_outputs").get<int>(), 3);
+  EXPECT_GT(cats.at("story").at("speedup").get<double>(), 0.0);
+  EXPECT_EQ(cats.at("(none)").at("turns").get<int>(), 1);
+
+  // Without --chat a conversation is refused, and a malformed line is named.
+  std::string err = run_stdout(base + " 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("cli_bench_turns.jsonl:1: a conversation of 2 turns needs --chat"),
+            std::string::npos)
+      << err;
+  {
+    std::ofstream f(prompts);
+    f << R"("fine")"
+      << "\n"
+      << R"({"category": 3, "prompt": "x"})"
+      << "\n";
+  }
+  err = run_stdout(base + " --chat 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("cli_bench_turns.jsonl:2: \"category\" is not a string"), std::string::npos)
+      << err;
+}
+
 // The cost model's calibration is kept per model and kernels: a file measured on the GPU
 // ("cuda") is not taken by the CPU's kernels, nor one measured for another model (a note says so
 // and the default is used); the model's own entry for these kernels is. `bench --calibrate`
