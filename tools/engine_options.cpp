@@ -67,6 +67,7 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   p.medusa_tree = o.medusa_tree;
   p.beams = o.beams;
   p.beam_length = o.beam_length;
+  p.prompt_lookup = o.prompt_lookup;
   p.num_draft = length_policy.max_draft;
   p.adaptive = length_policy.adaptive;
   // ReDrafter's tree size is fixed (M x C, pruned by the proposer); "auto" makes it weigh its
@@ -88,8 +89,9 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   } else if (p.method == SpecMethod::kMedusa) {
     *description = fmt::format("medusa (tree of {} nodes, {})", p.num_draft, length);
   } else if (p.method == SpecMethod::kReDrafter) {
-    *description = fmt::format("redrafter ({} beams x {} tokens, {})", o.beams, o.beam_length,
-                               length);
+    *description = fmt::format(
+        "redrafter ({} beams x {} tokens, {}, prompt lookup {})", o.beams, o.beam_length, length,
+        o.prompt_lookup > 0 ? fmt::format("<= {}", o.prompt_lookup) : "off");
   } else {
     *description = fmt::format("draft model {} ({}, {})", o.draft_model,
                                width > 1 ? fmt::format("top-{} at {} levels", width, depth)

@@ -35,6 +35,10 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o) {
       ->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--beam-length", o->beam_length, "ReDrafter: draft tokens per beam")
       ->check(CLI::Range(1, 16))->capture_default_str();
+  cmd->add_option("--prompt-lookup", o->prompt_lookup,
+                  "ReDrafter: prompt-lookup (n-gram) drafts at most in the head's tree, each kept "
+                  "by its running acceptance like a beam node; 0: the head's beams only")
+      ->check(CLI::Range(0, 16))->capture_default_str();
   cmd->add_option("--draft-model", o->draft_model, "GGUF draft model for --spec draft (same vocabulary)");
   cmd->add_option("--num-draft", o->num_draft,
                   "Draft tokens per step: N (fixed) or auto (adaptive, at most --num-draft-max)")
@@ -181,10 +185,14 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
     setup.drafter_head = load_drafter_head(o, target, quiet);
     setup.draft_token_cost = static_cast<double>(setup.drafter_head->weight_bytes()) /
                              static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
+    ReDrafterPolicy policy;
+    policy.lookup_max = o.prompt_lookup;
     setup.proposer = std::make_unique<ReDrafterProposer>(
-        *setup.drafter_head, target, pool, BeamSearchConfig{o.beams, o.beam_length});
-    setup.description = fmt::format("redrafter ({} beams x {} tokens, {})", o.beams,
-                                    o.beam_length, length_desc);
+        *setup.drafter_head, target, pool, BeamSearchConfig{o.beams, o.beam_length}, policy);
+    setup.description =
+        fmt::format("redrafter ({} beams x {} tokens, {}, prompt lookup {})", o.beams,
+                    o.beam_length, length_desc,
+                    o.prompt_lookup > 0 ? fmt::format("<= {}", o.prompt_lookup) : "off");
     return setup;
   }
   if (o.spec == "medusa") {

@@ -24,6 +24,7 @@ struct SpecOptions {
   std::string medusa_tree;    // medusa: paths of top-k ranks; "" = the default tree
   int beams = 2;              // redrafter: beam search width M (2 x 2: best measured on CPU)
   int beam_length = 2;        // redrafter: tokens per beam C
+  int prompt_lookup = 8;      // redrafter: prompt-lookup drafts in the head's tree at most
   std::string num_draft = "auto";  // N (fixed) or auto (adaptive, at most --num-draft-max)
   int num_draft_max = 8;
   std::string tree;  // "WIDTH,DEPTH": ngram: merge WIDTH continuations; draft: top-WIDTH at DEPTH levels

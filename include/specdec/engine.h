@@ -48,6 +48,7 @@ struct SpecParams {
   float draft_temp = -1;  // draft: its sampling temperature; < 0: the request's
   int beams = 2;          // ReDrafter: beams M of the head's beam search
   int beam_length = 2;    // ReDrafter: tokens C per beam
+  int prompt_lookup = 8;  // ReDrafter: prompt-lookup (n-gram) drafts in its tree at most; 0: none
   std::string medusa_tree;  // Medusa: paths of top-k ranks ("0;1;0,0"); empty: the default tree
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "model/model.h"
+#include "speculative/ngram.h"
 #include "util/check.h"
 
 namespace specdec {
@@ -30,15 +31,48 @@ void ReDrafterProposer::begin(std::span<const int32_t> prompt, uint64_t seed) {
   probe_ = false;
   kept_depth_.fill(kMaxDepth);  // the full length until the tree says otherwise
   kept_depth_pos_ = 0;
+  for (auto& by_depth : lookup_accept_) by_depth.fill(kLookupPrior);
+  lookup_chain_.clear();
+  lookup_kept_ = lookup_n_ = 0;
+}
+
+int ReDrafterProposer::add_lookup(std::span<const int32_t> tokens, int max_len) {
+  lookup_chain_.clear();
+  lookup_n_ = 0;
+  const NgramMatch m = find_ngram_continuation(tokens, 1, kLookupMaxN, max_len);
+  if (m.length == 0) return 0;
+  lookup_n_ = m.n;
+  int node = 0;
+  for (int k = 0; k < m.length; ++k) {
+    const int32_t token = tokens[static_cast<size_t>(m.start + k)];
+    int next = -1;
+    for (int32_t c : full_.children(node)) {
+      if (full_.token(c) == token) {
+        next = c;
+        break;
+      }
+    }
+    if (next < 0) {
+      next = full_.add(node, token);
+      is_beam_.push_back(0);
+      is_lookup_.push_back(0);
+    }
+    is_lookup_[static_cast<size_t>(next)] = 1;
+    lookup_chain_.push_back(token);
+    node = next;
+  }
+  return m.length;
 }
 
 void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
   drafted_ = false;
   if (request.target_hidden.empty() || request.max_tokens <= 0 || request.tokens.empty()) return;
   const bool prune = policy_.prune && request.node_cost > 0.0;
+  bool search = true;
   if (prune && pause_left_ > 0) {
     if (--pause_left_ == 0) probe_ = true;
-    return;
+    search = false;
+    if (policy_.lookup_max <= 0) return;
   }
   BeamSearchConfig c = config_;
   c.length = std::min(c.length, request.max_tokens);
@@ -46,65 +80,107 @@ void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
     const int deepest = *std::max_element(kept_depth_.begin(), kept_depth_.end());
     c.length = std::min(c.length, deepest + 1);
   }
-  search_.run(request.target_hidden, request.tokens.back(), c, &beams_, pool_);
+  if (search) search_.run(request.target_hidden, request.tokens.back(), c, &beams_, pool_);
   if (!prune) {
     pack_beams(beams_.tokens, beams_.n, beams_.length, request.max_tokens, tree);
     return;
   }
+  // The candidates: every beam node (with its prefix score), then the lookup chain.
   full_.reset(request.tokens.back());
-  pack_beams(beams_.tokens, beams_.n, beams_.length, beams_.n * beams_.length, &full_, nullptr,
-             beams_.prefix_scores, &node_scores_);
+  if (search) {
+    pack_beams(beams_.tokens, beams_.n, beams_.length, beams_.n * beams_.length, &full_, nullptr,
+               beams_.prefix_scores, &node_scores_);
+  }
+  is_beam_.assign(static_cast<size_t>(full_.size()), 1);
+  is_beam_[0] = 0;
+  is_lookup_.assign(static_cast<size_t>(full_.size()), 0);
+  if (policy_.lookup_max > 0) {
+    add_lookup(request.tokens,
+               std::min(std::min(policy_.lookup_max, request.max_tokens), kMaxDepth));
+  }
   // Each node's calibrated chance, once; nodes by decreasing chance (ties: lower index first).
   const int n = full_.size();
-  chance_.resize(static_cast<size_t>(n));
+  chance_.assign(static_cast<size_t>(n), 0.0);
   for (int i = 1; i < n; ++i) {
     const int d = std::min(full_.depth(i), kMaxDepth);
-    const double calib = pred_sum_[d] > 0.5 ? std::clamp(acc_sum_[d] / pred_sum_[d], 0.02, 2.0) : 1.0;
-    chance_[i] = std::exp(static_cast<double>(node_scores_[i])) * calib;
+    if (is_beam_[i]) {
+      const double calib =
+          pred_sum_[d] > 0.5 ? std::clamp(acc_sum_[d] / pred_sum_[d], 0.02, 2.0) : 1.0;
+      chance_[i] = std::exp(static_cast<double>(node_scores_[i])) * calib;
+    }
+    if (is_lookup_[i]) {
+      double p = 1.0;
+      for (int k = 1; k <= d; ++k) p *= lookup_accept_[lookup_n_][k];
+      chance_[i] = std::max(chance_[i], p);
+    }
   }
   order_.clear();
   for (int i = 1; i < n; ++i) order_.push_back(i);
-  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return chance_[a] > chance_[b]; });
+  std::stable_sort(order_.begin(), order_.end(),
+                   [&](int a, int b) { return chance_[a] > chance_[b]; });
   const double cost = request.node_cost;
   double gain = 1.0;
-  double spent = 1.0 + draft_cost_ * c.length / std::max(1, config_.length);
+  double spent = 1.0 + (search ? draft_cost_ * c.length / std::max(1, config_.length) : 0.0);
   kept_.assign(static_cast<size_t>(n), -1);  // [full_ node] >= 0 once taken; -1: not taken
   kept_[0] = 0;
   take_.clear();
+  bool beam_taken = false;
   for (int i : order_) {
     if (static_cast<int>(take_.size()) >= request.max_tokens) break;
     const double p = chance_[i];
-    const bool forced = probe_ && take_.empty();
-    if (!forced && p <= cost * gain / spent) break;
+    // A probe takes at least the best beam node, so that the beams' calibration keeps learning.
+    const bool probing = probe_ && search && !beam_taken;
+    const bool forced = probing && is_beam_[i];
+    if (!forced && p <= cost * gain / spent) {
+      if (probing) continue;
+      break;
+    }
     // A deeper depth's calibration can lift a child above its parent: it waits for the parent.
     if (kept_[full_.parent(i)] < 0) continue;
     kept_[i] = 0;
     take_.push_back(i);
+    beam_taken = beam_taken || is_beam_[i];
     gain += p;
     spent += cost;
   }
-  probe_ = false;
-  int depth = 0;
-  for (int i : take_) depth = std::max(depth, full_.depth(i));
-  kept_depth_[kept_depth_pos_] = depth;
-  kept_depth_pos_ = (kept_depth_pos_ + 1) % kDepthWindow;
-  if (take_.empty()) {
-    if (++empty_streak_ >= kEmptyBeforePause) {
-      pause_left_ = pause_;
-      pause_ = std::min(2 * pause_, kMaxPause);
-      empty_streak_ = 0;
+  if (search) {
+    probe_ = false;
+    int depth = 0;
+    for (int i : take_) {
+      if (is_beam_[i]) depth = std::max(depth, full_.depth(i));
     }
-    return;
+    kept_depth_[kept_depth_pos_] = depth;
+    kept_depth_pos_ = (kept_depth_pos_ + 1) % kDepthWindow;
+    if (!beam_taken) {
+      if (++empty_streak_ >= kEmptyBeforePause) {
+        pause_left_ = pause_;
+        pause_ = std::min(2 * pause_, kMaxPause);
+        empty_streak_ = 0;
+      }
+    } else {
+      empty_streak_ = 0;
+      pause_ = 4;
+    }
   }
-  empty_streak_ = 0;
-  pause_ = 4;
+  if (take_.empty()) return;
   // Into `tree` in the full tree's (topological) order, kept_ becoming each node's place there;
-  // the raw predictions per depth.
+  // the beams' raw predictions per depth; the output tree's nodes for observe().
   std::sort(take_.begin(), take_.end());
   predicted_.fill(0.0);
+  out_parent_.assign(1, -1);
+  out_token_.assign(1, request.tokens.back());
+  out_beam_.assign(1, 0);
+  lookup_kept_ = 0;
   for (int i : take_) {
     kept_[i] = tree->add(kept_[full_.parent(i)], full_.token(i));
-    predicted_[std::min(full_.depth(i), kMaxDepth)] += std::exp(static_cast<double>(node_scores_[i]));
+    out_parent_.push_back(kept_[full_.parent(i)]);
+    out_token_.push_back(full_.token(i));
+    out_beam_.push_back(is_beam_[i]);
+    if (is_beam_[i]) {
+      predicted_[std::min(full_.depth(i), kMaxDepth)] +=
+          std::exp(static_cast<double>(node_scores_[i]));
+    }
+    if (is_lookup_[i]) lookup_kept_ = std::max(lookup_kept_, full_.depth(i));
   }
   drafted_ = true;
 }
@@ -113,10 +189,35 @@ void ReDrafterProposer::observe(std::span<const int32_t> accepted, int32_t bonus
   (void)bonus;
   if (!drafted_) return;
   const int a = static_cast<int>(accepted.size());
+  // The accepted path through the output tree: whether its node at each depth came from a beam.
+  std::array<bool, kMaxDepth + 1> beam_at{};
+  int node = 0;
+  for (int k = 0; k < a; ++k) {
+    int next = -1;
+    for (size_t j = static_cast<size_t>(node) + 1; j < out_token_.size(); ++j) {
+      if (out_parent_[j] == node && out_token_[j] == accepted[static_cast<size_t>(k)]) {
+        next = static_cast<int>(j);
+        break;
+      }
+    }
+    if (next < 0) break;  // not this tree's path (cannot happen: the verifier walks the tree)
+    node = next;
+    if (k + 1 <= kMaxDepth) beam_at[static_cast<size_t>(k + 1)] = out_beam_[node] != 0;
+  }
   for (int d = 1; d <= kMaxDepth; ++d) {
     if (predicted_[d] <= 0.0) continue;
     pred_sum_[d] = (1.0 - kEma) * pred_sum_[d] + predicted_[d];
-    acc_sum_[d] = (1.0 - kEma) * acc_sum_[d] + (a >= d ? 1.0 : 0.0);
+    acc_sum_[d] = (1.0 - kEma) * acc_sum_[d] + (a >= d && beam_at[d] ? 1.0 : 0.0);
+  }
+  // The lookup chain's kept prefix: depth i was tried when its parent was accepted.
+  int lcp = 0;
+  while (lcp < lookup_kept_ && lcp < a &&
+         accepted[static_cast<size_t>(lcp)] == lookup_chain_[static_cast<size_t>(lcp)]) {
+    ++lcp;
+  }
+  for (int i = 1; i <= std::min(lookup_kept_, lcp + 1); ++i) {
+    double& r = lookup_accept_[lookup_n_][i];
+    r = (1.0 - kLookupEma) * r + kLookupEma * (i <= lcp ? 1.0 : 0.0);
   }
   drafted_ = false;
 }

@@ -18,6 +18,17 @@
 // probes with at least its best node, so that the calibration keeps learning. The search itself
 // goes one step deeper than the deepest node kept in the last 8 drafting steps (at most C),
 // so that its cost follows what the tree uses.
+//
+// Prompt lookup in the same tree (policy.lookup_max > 0): the head has not learned to copy, so
+// where the answer repeats the input (summaries, retrieval-augmented answers, a small model's
+// "translation", code edits) it drafts little. The continuation of the longest recent suffix
+// match (n-gram, n = 4 down to 1; find_ngram_continuation) enters the same candidate tree,
+// sharing nodes with beams that draft the same tokens, and competes for the same budget by the
+// same rule: a lookup node at depth d has the chance prod_{i<=d} a[n][i], a being the running
+// rate at which the lookup's draft at depth i was accepted after its parent was, for matches of
+// n tokens (a shared node takes the larger of its two chances). Lookup costs no search, so it
+// also runs while the beam search pauses. The beams' calibration counts only acceptances of beam
+// nodes; a probe forces the best beam node.
 #pragma once
 
 #include <array>
@@ -36,6 +47,7 @@ class ThreadPool;
 
 struct ReDrafterPolicy {
   bool prune = true;  // the adaptive tree above (off: every beam node, up to the budget)
+  int lookup_max = 8;  // prompt-lookup drafts at most (0: none); with the adaptive tree only
 };
 
 class ReDrafterProposer final : public Proposer {
@@ -55,6 +67,13 @@ class ReDrafterProposer final : public Proposer {
 
  private:
   static constexpr int kMaxDepth = 16;
+  static constexpr int kLookupMaxN = 4;        // longest suffix matched
+  static constexpr double kLookupPrior = 0.4;  // a[n][i] before any observation
+  static constexpr double kLookupEma = 0.1;
+
+  // Adds the lookup chain under full_'s root, after the beams' nodes: a token a beam drafted
+  // marks that node, the others become new nodes (no beam score). Returns the chain's length.
+  int add_lookup(std::span<const int32_t> tokens, int max_len);
   static constexpr int kEmptyBeforePause = 3;
   static constexpr int kMaxPause = 64;
   static constexpr double kEma = 0.05;
@@ -70,6 +89,15 @@ class ReDrafterProposer final : public Proposer {
   std::vector<double> chance_;         // [full_ nodes] calibrated chance of acceptance
   std::vector<int32_t> order_, take_;  // nodes by chance; those taken
   std::vector<int32_t> kept_;          // [full_ nodes] node in the output tree, -1: not taken
+  std::vector<uint8_t> is_beam_, is_lookup_;  // [full_ nodes] which sources drafted the node
+  // The output tree (the last tree drafted), node by node: parent, token, from a beam.
+  std::vector<int32_t> out_parent_, out_token_;
+  std::vector<uint8_t> out_beam_;
+  // Prompt lookup: the last chain, how much of it the tree kept (a prefix), the match's n, and
+  // the acceptance rates [n][depth].
+  std::vector<int32_t> lookup_chain_;
+  int lookup_kept_ = 0, lookup_n_ = 0;
+  std::array<std::array<double, kMaxDepth + 1>, kLookupMaxN + 1> lookup_accept_{};
   // The last tree's drafts: [depth] sum of raw p (for the calibration), and whether any.
   std::array<double, kMaxDepth + 1> predicted_{};
   bool drafted_ = false;

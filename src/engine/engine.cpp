@@ -279,6 +279,10 @@ SubmitResult Engine::Impl::check_request(const Request& r) const {
       return refuse("beams", fmt::format("beams must be in [1, 64] and beam length in [1, 16], "
                                          "got {} x {}", sp.beams, sp.beam_length));
     }
+    if (sp.prompt_lookup < 0 || sp.prompt_lookup > 16) {
+      return refuse("prompt_lookup",
+                    fmt::format("prompt lookup must be in [0, 16], got {}", sp.prompt_lookup));
+    }
   }
   if (sp.method == SpecMethod::kMedusa) {
     if (config_.medusa_heads == nullptr) {
@@ -342,9 +346,11 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
       DraftDecoder::validate(c);
       s.draft_model = c;  // added to the drafter by the stepping thread (take_incoming)
     } else if (r.spec.method == SpecMethod::kReDrafter) {
+      ReDrafterPolicy policy;
+      policy.lookup_max = r.spec.prompt_lookup;
       s.proposer = std::make_unique<ReDrafterProposer>(
           *config_.drafter_head, model_, thread_pool_,
-          BeamSearchConfig{r.spec.beams, r.spec.beam_length});
+          BeamSearchConfig{r.spec.beams, r.spec.beam_length}, policy);
     } else if (r.spec.method == SpecMethod::kMedusa) {
       s.proposer = std::make_unique<MedusaProposer>(
           *config_.medusa_heads,

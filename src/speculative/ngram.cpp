@@ -33,6 +33,26 @@ int NgramProposer::insert(TokenTree* tree, const int32_t* tokens, int len, int b
   return added;
 }
 
+NgramMatch find_ngram_continuation(std::span<const int32_t> tokens, int ngram_min, int ngram_max,
+                                   int max_len) {
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  const int32_t* t = tokens.data();
+  if (max_len <= 0 || len < 2 || ngram_min < 1) return {};
+  for (int n = static_cast<int>(std::min<int64_t>(ngram_max, len - 1)); n >= ngram_min; --n) {
+    const int32_t* suffix = t + len - n;
+    // The most recent occurrence that ends before the suffix starts (a token follows it).
+    for (int64_t j = len - n - 1; j >= 0; --j) {
+      if (t[j] != suffix[0] || !std::equal(suffix, suffix + n, t + j)) continue;
+      NgramMatch m;
+      m.start = j + n;
+      m.length = static_cast<int>(std::min<int64_t>(len - m.start, max_len));
+      m.n = n;
+      return m;
+    }
+  }
+  return {};
+}
+
 void NgramProposer::propose(const DraftRequest& request, TokenTree* tree) {
   const int64_t len = static_cast<int64_t>(request.tokens.size());
   const int32_t* t = request.tokens.data();

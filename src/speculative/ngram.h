@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "speculative/proposer.h"
@@ -16,6 +17,17 @@ struct NgramConfig {
   int tree_width = 1;        // distinct continuations merged into the tree (1 = chain)
   int max_matches = 64;      // occurrences examined per n (most recent first)
 };
+
+// The continuation of the most recent earlier occurrence of the longest suffix of `tokens` that
+// occurred before (n from ngram_max down to ngram_min): tokens[start, start + length), at most
+// max_len tokens. length 0 (and n 0) when no suffix occurred before.
+struct NgramMatch {
+  int64_t start = 0;
+  int length = 0;
+  int n = 0;  // tokens of the matched suffix
+};
+NgramMatch find_ngram_continuation(std::span<const int32_t> tokens, int ngram_min, int ngram_max,
+                                   int max_len);
 
 class NgramProposer final : public Proposer {
  public:

@@ -439,5 +439,72 @@ TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
   EXPECT_EQ(probe.token(1), full.token(1));  // the best node
 }
 
+// Prompt lookup in the head's tree: the continuation of the recent suffix's earlier occurrence
+// enters the tree as far as its running acceptance pays, grows to the whole continuation while
+// its drafts are accepted and leaves the tree when they are not; without it (lookup_max 0) the
+// tree holds no such chain.
+TEST(ReDrafterProposer, PromptLookupJoinsTheTreeByItsRunningAcceptance) {
+  std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
+  const int dim = tiny->config().dim;
+  ReDrafterWeights w = random_head(dim, 32, 2, 30, tiny->config().n_vocab, 4, 0.1f);
+  w.target_fingerprint = tiny->fingerprint();
+  ReDrafterHead head(w, GgmlType::kF32);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> h(dim);
+  for (float& x : h) x = nd(rng);
+  // The suffix (40, 41) occurred at index 1: its continuation is 42 43 44 45 40 41.
+  const std::vector<int32_t> toks = {1, 40, 41, 42, 43, 44, 45, 40, 41};
+  const std::vector<int32_t> continuation = {42, 43, 44, 45, 40, 41};
+  auto draft = [&](ReDrafterProposer& p) {
+    TokenTree t;
+    t.reset(toks.back());
+    DraftRequest req;
+    req.tokens = toks;
+    req.max_tokens = 12;
+    req.target_hidden = h;
+    req.node_cost = 0.03;
+    p.propose(req, &t);
+    return t;
+  };
+  // The continuation's nodes in the tree, from the root down.
+  auto chain = [&](const TokenTree& t) {
+    std::vector<int32_t> got;
+    int node = 0;
+    for (int32_t want : continuation) {
+      int next = -1;
+      for (int32_t c : t.children(node)) {
+        if (t.token(c) == want) next = c;
+      }
+      if (next < 0) break;
+      got.push_back(want);
+      node = next;
+    }
+    return got;
+  };
+  ReDrafterPolicy no_lookup;
+  no_lookup.lookup_max = 0;
+  ReDrafterProposer plain(head, *tiny, nullptr, BeamSearchConfig{2, 2}, no_lookup);
+  plain.begin(toks, 0);
+  EXPECT_TRUE(chain(draft(plain)).empty());
+
+  ReDrafterProposer p(head, *tiny, nullptr, BeamSearchConfig{2, 2});
+  p.begin(toks, 0);
+  // The prior 0.4 per depth against a node cost of 0.03: depths 1 to 3 pay, 4 (0.026) does not.
+  EXPECT_EQ(chain(draft(p)).size(), 3u);
+  // Every draft accepted: the whole continuation.
+  for (int step = 0; step < 20; ++step) {
+    const std::vector<int32_t> got = chain(draft(p));
+    p.observe(got, 7);
+  }
+  EXPECT_EQ(chain(draft(p)), continuation);
+  // Every draft rejected: the chain leaves the tree.
+  for (int step = 0; step < 60; ++step) {
+    draft(p);
+    p.observe({}, 7);
+  }
+  EXPECT_TRUE(chain(draft(p)).empty());
+}
+
 }  // namespace
 }  // namespace specdec
