@@ -394,16 +394,33 @@ TEST(BeamTree, PackingMatchesABruteForcePrefixTree) {
   }
 }
 
-TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
-  std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
-  const int dim = tiny->config().dim;
-  ReDrafterWeights w = random_head(dim, 32, 2, 30, tiny->config().n_vocab, 4, 0.1f);
-  w.target_fingerprint = tiny->fingerprint();
-  ReDrafterHead head(w, GgmlType::kF32);
-  std::mt19937 rng(2);
+// The tiny target, a random head over its 30 likeliest tokens and a random hidden state [dim]:
+// what the proposer tests below draft from.
+struct TinyHeadSetup {
+  std::unique_ptr<Model> tiny;
+  std::unique_ptr<ReDrafterHead> head;
+  std::vector<float> h;
+};
+
+TinyHeadSetup tiny_head_setup(uint32_t seed) {
+  TinyHeadSetup s;
+  s.tiny = Model::load(test::tiny_model("stories260K.gguf"));
+  const int dim = s.tiny->config().dim;
+  ReDrafterWeights w = random_head(dim, 32, 2, 30, s.tiny->config().n_vocab, 4, 0.1f);
+  w.target_fingerprint = s.tiny->fingerprint();
+  s.head = std::make_unique<ReDrafterHead>(w, GgmlType::kF32);
+  std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
-  std::vector<float> h(dim);
-  for (float& x : h) x = nd(rng);
+  s.h.resize(static_cast<size_t>(dim));
+  for (float& x : s.h) x = nd(rng);
+  return s;
+}
+
+TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
+  const TinyHeadSetup s = tiny_head_setup(2);
+  const Model* tiny = s.tiny.get();
+  const ReDrafterHead& head = *s.head;
+  const std::vector<float>& h = s.h;
   const std::vector<int32_t> toks = {1, 17};
   auto draft = [&](ReDrafterProposer& p, double cost) {
     TokenTree t;
@@ -444,15 +461,10 @@ TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
 // its drafts are accepted and leaves the tree when they are not; without it (lookup_max 0) the
 // tree holds no such chain.
 TEST(ReDrafterProposer, PromptLookupJoinsTheTreeByItsRunningAcceptance) {
-  std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
-  const int dim = tiny->config().dim;
-  ReDrafterWeights w = random_head(dim, 32, 2, 30, tiny->config().n_vocab, 4, 0.1f);
-  w.target_fingerprint = tiny->fingerprint();
-  ReDrafterHead head(w, GgmlType::kF32);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd;
-  std::vector<float> h(dim);
-  for (float& x : h) x = nd(rng);
+  const TinyHeadSetup s = tiny_head_setup(3);
+  const Model* tiny = s.tiny.get();
+  const ReDrafterHead& head = *s.head;
+  const std::vector<float>& h = s.h;
   // The suffix (40, 41) occurred at index 1: its continuation is 42 43 44 45 40 41.
   const std::vector<int32_t> toks = {1, 40, 41, 42, 43, 44, 45, 40, 41};
   const std::vector<int32_t> continuation = {42, 43, 44, 45, 40, 41};
