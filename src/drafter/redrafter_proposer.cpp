@@ -32,36 +32,26 @@ void ReDrafterProposer::begin(std::span<const int32_t> prompt, uint64_t seed) {
   kept_depth_.fill(kMaxDepth);  // the full length until the tree says otherwise
   kept_depth_pos_ = 0;
   for (auto& by_depth : lookup_accept_) by_depth.fill(kLookupPrior);
-  lookup_chain_.clear();
   lookup_kept_ = lookup_n_ = 0;
 }
 
-int ReDrafterProposer::add_lookup(std::span<const int32_t> tokens, int max_len) {
-  lookup_chain_.clear();
+void ReDrafterProposer::add_lookup(std::span<const int32_t> tokens, int max_len) {
   lookup_n_ = 0;
   const NgramMatch m = find_ngram_continuation(tokens, 1, kLookupMaxN, max_len);
-  if (m.length == 0) return 0;
+  if (m.length == 0) return;
   lookup_n_ = m.n;
   int node = 0;
   for (int k = 0; k < m.length; ++k) {
     const int32_t token = tokens[static_cast<size_t>(m.start + k)];
-    int next = -1;
-    for (int32_t c : full_.children(node)) {
-      if (full_.token(c) == token) {
-        next = c;
-        break;
-      }
-    }
+    int next = full_.child(node, token);
     if (next < 0) {
       next = full_.add(node, token);
       is_beam_.push_back(0);
       is_lookup_.push_back(0);
     }
     is_lookup_[static_cast<size_t>(next)] = 1;
-    lookup_chain_.push_back(token);
     node = next;
   }
-  return m.length;
 }
 
 void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
@@ -164,18 +154,13 @@ void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
   }
   if (take_.empty()) return;
   // Into `tree` in the full tree's (topological) order, kept_ becoming each node's place there;
-  // the beams' raw predictions per depth; the output tree's nodes for observe().
+  // the beams' raw predictions per depth. full_, kept_ and the source marks stay as they are
+  // until observe().
   std::sort(take_.begin(), take_.end());
   predicted_.fill(0.0);
-  out_parent_.assign(1, -1);
-  out_token_.assign(1, request.tokens.back());
-  out_beam_.assign(1, 0);
   lookup_kept_ = 0;
   for (int i : take_) {
     kept_[i] = tree->add(kept_[full_.parent(i)], full_.token(i));
-    out_parent_.push_back(kept_[full_.parent(i)]);
-    out_token_.push_back(full_.token(i));
-    out_beam_.push_back(is_beam_[i]);
     if (is_beam_[i]) {
       predicted_[std::min(full_.depth(i), kMaxDepth)] +=
           std::exp(static_cast<double>(node_scores_[i]));
@@ -189,20 +174,19 @@ void ReDrafterProposer::observe(std::span<const int32_t> accepted, int32_t bonus
   (void)bonus;
   if (!drafted_) return;
   const int a = static_cast<int>(accepted.size());
-  // The accepted path through the output tree: whether its node at each depth came from a beam.
+  // The accepted path through the drafted nodes of full_ (a token names at most one child):
+  // whether its node at each depth came from a beam, and how far it followed the lookup chain.
   std::array<bool, kMaxDepth + 1> beam_at{};
+  int lcp = 0;
+  bool on_chain = true;
   int node = 0;
   for (int k = 0; k < a; ++k) {
-    int next = -1;
-    for (size_t j = static_cast<size_t>(node) + 1; j < out_token_.size(); ++j) {
-      if (out_parent_[j] == node && out_token_[j] == accepted[static_cast<size_t>(k)]) {
-        next = static_cast<int>(j);
-        break;
-      }
-    }
-    if (next < 0) break;  // not this tree's path (cannot happen: the verifier walks the tree)
+    const int next = full_.child(node, accepted[static_cast<size_t>(k)]);
+    if (next < 0 || kept_[next] < 0) break;  // not this tree's path (the verifier walks it)
     node = next;
-    if (k + 1 <= kMaxDepth) beam_at[static_cast<size_t>(k + 1)] = out_beam_[node] != 0;
+    if (k + 1 <= kMaxDepth) beam_at[static_cast<size_t>(k + 1)] = is_beam_[node] != 0;
+    on_chain = on_chain && is_lookup_[node] != 0;
+    if (on_chain) ++lcp;
   }
   for (int d = 1; d <= kMaxDepth; ++d) {
     if (predicted_[d] <= 0.0) continue;
@@ -210,11 +194,6 @@ void ReDrafterProposer::observe(std::span<const int32_t> accepted, int32_t bonus
     acc_sum_[d] = (1.0 - kEma) * acc_sum_[d] + (a >= d && beam_at[d] ? 1.0 : 0.0);
   }
   // The lookup chain's kept prefix: depth i was tried when its parent was accepted.
-  int lcp = 0;
-  while (lcp < lookup_kept_ && lcp < a &&
-         accepted[static_cast<size_t>(lcp)] == lookup_chain_[static_cast<size_t>(lcp)]) {
-    ++lcp;
-  }
   for (int i = 1; i <= std::min(lookup_kept_, lcp + 1); ++i) {
     double& r = lookup_accept_[lookup_n_][i];
     r = (1.0 - kLookupEma) * r + kLookupEma * (i <= lcp ? 1.0 : 0.0);

@@ -72,8 +72,8 @@ class ReDrafterProposer final : public Proposer {
   static constexpr double kLookupEma = 0.1;
 
   // Adds the lookup chain under full_'s root, after the beams' nodes: a token a beam drafted
-  // marks that node, the others become new nodes (no beam score). Returns the chain's length.
-  int add_lookup(std::span<const int32_t> tokens, int max_len);
+  // marks that node, the others become new nodes (no beam score).
+  void add_lookup(std::span<const int32_t> tokens, int max_len);
   static constexpr int kEmptyBeforePause = 3;
   static constexpr int kMaxPause = 64;
   static constexpr double kEma = 0.05;
@@ -90,12 +90,8 @@ class ReDrafterProposer final : public Proposer {
   std::vector<int32_t> order_, take_;  // nodes by chance; those taken
   std::vector<int32_t> kept_;          // [full_ nodes] node in the output tree, -1: not taken
   std::vector<uint8_t> is_beam_, is_lookup_;  // [full_ nodes] which sources drafted the node
-  // The output tree (the last tree drafted), node by node: parent, token, from a beam.
-  std::vector<int32_t> out_parent_, out_token_;
-  std::vector<uint8_t> out_beam_;
-  // Prompt lookup: the last chain, how much of it the tree kept (a prefix), the match's n, and
-  // the acceptance rates [n][depth].
-  std::vector<int32_t> lookup_chain_;
+  // Prompt lookup: how much of the last chain the tree kept (a prefix of it), the match's n,
+  // and the acceptance rates [n][depth].
   int lookup_kept_ = 0, lookup_n_ = 0;
   std::array<std::array<double, kMaxDepth + 1>, kLookupMaxN + 1> lookup_accept_{};
   // The last tree's drafts: [depth] sum of raw p (for the calibration), and whether any.

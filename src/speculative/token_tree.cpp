@@ -70,6 +70,13 @@ std::span<const int32_t> TokenTree::children(int node) const {
           static_cast<size_t>(child_begin_[node + 1] - child_begin_[node])};
 }
 
+int TokenTree::child(int node, int32_t token) const {
+  for (int32_t c : children(node)) {
+    if (tokens_[c] == token) return c;
+  }
+  return -1;
+}
+
 void TokenTree::build_mask(std::vector<uint8_t>* mask) const {
   const int n = size();
   mask->assign(static_cast<size_t>(n) * n, 0);

@@ -43,6 +43,8 @@ class TokenTree {
 
   // Children of `node` in insertion order (the verifier tries them in this order).
   std::span<const int32_t> children(int node) const;
+  // The first child of `node` that holds `token`; -1 when none does.
+  int child(int node, int32_t token) const;
 
   // [size, size] row-major, 1 where node i may attend to node j (j is i or an ancestor).
   void build_mask(std::vector<uint8_t>* mask) const;

@@ -484,10 +484,7 @@ TEST(ReDrafterProposer, PromptLookupJoinsTheTreeByItsRunningAcceptance) {
     std::vector<int32_t> got;
     int node = 0;
     for (int32_t want : continuation) {
-      int next = -1;
-      for (int32_t c : t.children(node)) {
-        if (t.token(c) == want) next = c;
-      }
+      const int next = t.child(node, want);
       if (next < 0) break;
       got.push_back(want);
       node = next;
