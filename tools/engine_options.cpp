@@ -89,9 +89,7 @@ SpecParams make_spec_params(const SpecOptions& o, std::string* description) {
   } else if (p.method == SpecMethod::kMedusa) {
     *description = fmt::format("medusa (tree of {} nodes, {})", p.num_draft, length);
   } else if (p.method == SpecMethod::kReDrafter) {
-    *description = fmt::format(
-        "redrafter ({} beams x {} tokens, {}, prompt lookup {})", o.beams, o.beam_length, length,
-        o.prompt_lookup > 0 ? fmt::format("<= {}", o.prompt_lookup) : "off");
+    *description = redrafter_description(o, length);
   } else {
     *description = fmt::format("draft model {} ({}, {})", o.draft_model,
                                width > 1 ? fmt::format("top-{} at {} levels", width, depth)

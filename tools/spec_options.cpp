@@ -66,6 +66,12 @@ namespace {
 
 }  // namespace
 
+std::string redrafter_description(const SpecOptions& o, const std::string& length) {
+  return fmt::format("redrafter ({} beams x {} tokens, {}, prompt lookup {})", o.beams,
+                     o.beam_length, length,
+                     o.prompt_lookup > 0 ? fmt::format("<= {}", o.prompt_lookup) : "off");
+}
+
 void parse_tree_option(const std::string& s, int* width, int* depth) {
   *width = 1;
   *depth = 0;
@@ -189,10 +195,7 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
     policy.lookup_max = o.prompt_lookup;
     setup.proposer = std::make_unique<ReDrafterProposer>(
         *setup.drafter_head, target, pool, BeamSearchConfig{o.beams, o.beam_length}, policy);
-    setup.description =
-        fmt::format("redrafter ({} beams x {} tokens, {}, prompt lookup {})", o.beams,
-                    o.beam_length, length_desc,
-                    o.prompt_lookup > 0 ? fmt::format("<= {}", o.prompt_lookup) : "off");
+    setup.description = redrafter_description(o, length_desc);
     return setup;
   }
   if (o.spec == "medusa") {

@@ -36,6 +36,10 @@ struct SpecOptions {
 
 void add_spec_options(CLI::App* cmd, SpecOptions* o);
 
+// "redrafter (M beams x C tokens, LENGTH, prompt lookup ...)": the run's description of a
+// ReDrafter setup, the same for the single-sequence and the engine commands.
+std::string redrafter_description(const SpecOptions& o, const std::string& length);
+
 // What a run with speculation needs; proposer is null for --spec none.
 struct SpecSetup {
   std::unique_ptr<Model> draft_model;
