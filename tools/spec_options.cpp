@@ -39,6 +39,12 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o) {
                   "ReDrafter: prompt-lookup (n-gram) drafts at most in the head's tree, each kept "
                   "by its running acceptance like a beam node; 0: the head's beams only")
       ->check(CLI::Range(0, 16))->capture_default_str();
+  cmd->add_option("--head-type", o->head_type,
+                  "ReDrafter / Medusa: the head's weights in memory: auto (q4_1 on the CPU, where "
+                  "each drafting step streams them from memory; q8_0 beside a GPU target), q4_1, "
+                  "q8_0, f16 or f32")
+      ->check(CLI::IsMember({"auto", "q4_1", "q8_0", "f16", "f32"}))
+      ->capture_default_str();
   cmd->add_option("--draft-model", o->draft_model, "GGUF draft model for --spec draft (same vocabulary)");
   cmd->add_option("--num-draft", o->num_draft,
                   "Draft tokens per step: N (fixed) or auto (adaptive, at most --num-draft-max)")
@@ -229,6 +235,20 @@ std::string head_path(const SpecOptions& o, const Model& target, const char* kin
   return path;
 }
 
+// --head-type: the weight type of a head that steps on `device` ("cpu" or the target's GPU).
+// On the CPU, auto is Q4_1: the target's pass evicts the head from the caches, so each drafting
+// step streams its weights from memory (5.3 MB as Q8_0 for SmolLM2's head, 3.1 MB as Q4_1, which
+// drafted as accurately on MT-Bench). A GPU reads the head from its own memory at full speed and
+// keeps Q8_0, the type its tests cover.
+GgmlType head_weight_type_for(const SpecOptions& o, const std::string& device) {
+  if (o.head_type == "q4_1") return GgmlType::kQ4_1;
+  if (o.head_type == "q8_0") return GgmlType::kQ8_0;
+  if (o.head_type == "f16") return GgmlType::kF16;
+  if (o.head_type == "f32") return GgmlType::kF32;
+  SPECDEC_CHECK(o.head_type == "auto", "--head-type: checked by the option");
+  return device == "cpu" ? GgmlType::kQ4_1 : GgmlType::kQ8_0;
+}
+
 }  // namespace
 
 std::unique_ptr<MedusaHeads> load_medusa_heads(const SpecOptions& o, const Model& target, bool quiet) {
@@ -236,7 +256,8 @@ std::unique_ptr<MedusaHeads> load_medusa_heads(const SpecOptions& o, const Model
   const std::string path = head_path(o, target, "medusa");
   const MedusaWeights w = load_medusa(path);
   check_medusa_target(w, target, path);
-  auto heads = std::make_unique<MedusaHeads>(w);
+  // Medusa's heads always step on the CPU.
+  auto heads = std::make_unique<MedusaHeads>(w, head_weight_type_for(o, "cpu"));
   if (!quiet) {
     fmt::print(stderr, "drafter: {} ({} Medusa heads, {:.1f}M parameters, {} draft tokens, {:.1f} MB as {})\n",
                path, w.shape.n_heads, static_cast<double>(w.shape.num_params()) / 1e6,
@@ -252,14 +273,13 @@ std::unique_ptr<ReDrafterHead> load_drafter_head(const SpecOptions& o, const Mod
   const std::string path = head_path(o, target, "redrafter");
   const ReDrafterWeights w = load_redrafter(path);
   check_redrafter_target(w, target, path);
-  auto head = std::make_unique<ReDrafterHead>(w);
   // Beside a GPU target the head steps on the GPU too (SPECDEC_HEAD_DEVICE=cpu keeps it on the
   // host, for A/B runs).
   const char* want = std::getenv("SPECDEC_HEAD_DEVICE");
   const std::string target_device = target.device_name();
-  if (target_device != "cpu" && !(want != nullptr && std::string(want) == "cpu")) {
-    head->set_device(make_redrafter_head_device(w, head->weight_type(), target_device));
-  }
+  const bool on_device = target_device != "cpu" && !(want != nullptr && std::string(want) == "cpu");
+  auto head = std::make_unique<ReDrafterHead>(w, head_weight_type_for(o, on_device ? target_device : "cpu"));
+  if (on_device) head->set_device(make_redrafter_head_device(w, head->weight_type(), target_device));
   if (!quiet) {
     fmt::print(stderr,
                "drafter: {} ({:.1f}M parameters, {} draft tokens, {:.1f} MB a step as {}, on {})\n",

@@ -25,6 +25,9 @@ struct SpecOptions {
   int beams = 2;              // redrafter: beam search width M (2 x 2: best measured on CPU)
   int beam_length = 2;        // redrafter: tokens per beam C
   int prompt_lookup = 8;      // redrafter: prompt-lookup drafts in the head's tree at most
+  // redrafter / medusa: the head's weights in memory: auto (Q4_1 on the CPU, Q8_0 beside a GPU
+  // target), q4_1, q8_0, f16 or f32.
+  std::string head_type = "auto";
   std::string num_draft = "auto";  // N (fixed) or auto (adaptive, at most --num-draft-max)
   int num_draft_max = 8;
   std::string tree;  // "WIDTH,DEPTH": ngram: merge WIDTH continuations; draft: top-WIDTH at DEPTH levels

@@ -7,7 +7,7 @@
 //
 // Build: cmake --build <build dir> --target bench_redrafter
 // Run: <build dir>/bench_redrafter [--model PATH] [--state-dim S] [--blocks L] [--vocab V]
-//        [--beams M] [--length C] [--type q8_0|f16|f32] [--threads N] [--rounds R] [--past P]
+//        [--beams M] [--length C] [--type q8_0|q4_1|f16|f32] [--threads N] [--rounds R] [--past P]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -78,7 +78,10 @@ int main(int argc, char** argv) {
   for (int l = 0; l < blocks; ++l) {
     for (float& x : w.w_block[l]) x = nd(rng);
   }
-  const GgmlType gt = type == "f32" ? GgmlType::kF32 : type == "f16" ? GgmlType::kF16 : GgmlType::kQ8_0;
+  const GgmlType gt = type == "f32"    ? GgmlType::kF32
+                      : type == "f16"  ? GgmlType::kF16
+                      : type == "q4_1" ? GgmlType::kQ4_1
+                                       : GgmlType::kQ8_0;
   ReDrafterHead head(w, gt);
   ThreadPool pool(threads);
   ReDrafterBeamSearch search(head, *model);

@@ -37,6 +37,29 @@ std::vector<uint8_t> quantize_rows(GgmlType type, const float* rows, int64_t n_r
           blocks[b].qs[j] = static_cast<int8_t>(std::lround(v[j] * id));
         }
       }
+    } else if (type == GgmlType::kQ4_1) {
+      SPECDEC_CHECK(n_cols % kQK == 0, "Q4_1 rows need a multiple of 32 columns");
+      auto* blocks = reinterpret_cast<BlockQ4_1*>(dst);
+      for (int64_t b = 0; b < n_cols / kQK; ++b) {
+        const float* v = x + b * kQK;
+        float lo = v[0], hi = v[0];
+        for (int64_t j = 1; j < kQK; ++j) {
+          lo = std::min(lo, v[j]);
+          hi = std::max(hi, v[j]);
+        }
+        // The codes are chosen against the scale and min as stored (f16), so that a code
+        // reconstructs its value as closely as the stored pair allows.
+        blocks[b].d = fp32_to_fp16((hi - lo) / 15.0f);
+        blocks[b].m = fp32_to_fp16(lo);
+        const float d = fp16_to_fp32(blocks[b].d), m = fp16_to_fp32(blocks[b].m);
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t j = 0; j < kQK / 2; ++j) {
+          const auto code = [&](float value) {
+            return static_cast<uint8_t>(std::clamp(std::lround((value - m) * id), 0L, 15L));
+          };
+          blocks[b].qs[j] = static_cast<uint8_t>(code(v[j]) | (code(v[j + kQK / 2]) << 4));
+        }
+      }
     } else {
       SPECDEC_CHECK(false, "quantize_rows: unsupported type");
     }
@@ -59,7 +82,7 @@ HeadMatrix::HeadMatrix(GgmlType type, const float* rows, int64_t n_rows, int64_t
 }
 
 GgmlType head_weight_type(GgmlType wanted, std::initializer_list<int64_t> widths) {
-  if (wanted != GgmlType::kQ8_0) return wanted;
+  if (wanted != GgmlType::kQ8_0 && wanted != GgmlType::kQ4_1) return wanted;
   for (int64_t w : widths) {
     if (w % kQK != 0) return GgmlType::kF32;
   }

@@ -18,8 +18,9 @@ ReDrafterHead::ReDrafterHead(const ReDrafterWeights& w, GgmlType weight_type)
     : shape_(w.shape), type_(weight_type), draft_vocab_(w.draft_vocab) {
   const int64_t s = shape_.state_dim, dim = shape_.dim, d = shape_.width();
   type_ = head_weight_type(type_, {dim + s, d});
-  SPECDEC_CHECK(type_ == GgmlType::kQ8_0 || type_ == GgmlType::kF16 || type_ == GgmlType::kF32,
-                "ReDrafterHead: weight type must be Q8_0, F16 or F32");
+  SPECDEC_CHECK(type_ == GgmlType::kQ8_0 || type_ == GgmlType::kQ4_1 || type_ == GgmlType::kF16 ||
+                    type_ == GgmlType::kF32,
+                "ReDrafterHead: weight type must be Q8_0, Q4_1, F16 or F32");
   rnn_ = HeadMatrix(type_, redrafter_rnn_rows(w).data(), s, dim + s);
   b_state_ = w.b_state;
   blocks_.reserve(shape_.n_blocks);

@@ -1,5 +1,6 @@
 // A ReDrafter head ready to draft: its matrices converted once to a matmul type (Q8_0 by
-// default: a step streams ~1/4 of the f32 bytes, through the same int8 kernels as the target),
+// default, Q4_1 as the commands run it on the CPU: a step streams ~1/4 or ~1/6 of the f32
+// bytes, through the same int8 kernels as the target),
 // and one batched step over the live beams.
 //
 // step() for n rows (beams) sharing one target hidden state h [dim]:
@@ -45,7 +46,7 @@ class ReDrafterHeadDevice {
 };
 
 // A copy of the head on `device` ("cuda": drafter/redrafter_head_cuda.cpp), its matrices in
-// weight_type (Q8_0, F16 or F32, as ReDrafterHead chose). Throws specdec::Error for a device this
+// weight_type (Q8_0, Q4_1, F16 or F32, as ReDrafterHead chose). Throws specdec::Error for a device this
 // build lacks or that does not answer.
 std::unique_ptr<ReDrafterHeadDevice> make_redrafter_head_device(const ReDrafterWeights& w,
                                                                 GgmlType weight_type,
@@ -53,7 +54,8 @@ std::unique_ptr<ReDrafterHeadDevice> make_redrafter_head_device(const ReDrafterW
 
 class ReDrafterHead {
  public:
-  // weight_type: kQ8_0 (widths must be multiples of 32, else the head stays F32), kF16 or kF32.
+  // weight_type: kQ8_0 or kQ4_1 (widths must be multiples of 32, else the head stays F32), kF16
+  // or kF32.
   ReDrafterHead(const ReDrafterWeights& w, GgmlType weight_type = GgmlType::kQ8_0);
   ReDrafterHead(const ReDrafterHead&) = delete;
   ReDrafterHead& operator=(const ReDrafterHead&) = delete;

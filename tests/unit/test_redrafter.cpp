@@ -18,6 +18,7 @@
 #include "common/test_paths.h"
 #include "drafter/beam_search.h"
 #include "drafter/beam_tree.h"
+#include "drafter/head_matrix.h"
 #include "drafter/redrafter_head.h"
 #include "drafter/redrafter_proposer.h"
 #include "drafter/redrafter_weights.h"
@@ -192,28 +193,83 @@ TEST(ReDrafterWeights, MetadataThatLiesIsAnErrorBeforeAllocating) {
   std::filesystem::remove(path);
 }
 
+// m: [rows, cols] floats replaced by their values after rounding to `type` (quantize_rows, then
+// the matmul's own dequantization).
+void round_to(GgmlType type, std::vector<float>* m, int64_t rows, int64_t cols) {
+  const std::vector<uint8_t> q = quantize_rows(type, m->data(), rows, cols);
+  WeightMatrix wm;
+  wm.type = type;
+  wm.data = q.data();
+  wm.rows = rows;
+  wm.cols = cols;
+  wm.row_bytes = ggml_row_bytes(type, cols);
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(wm, r, m->data() + r * cols);
+}
+
+TEST(HeadMatrix, Q4_1RowsReconstructWithinHalfAStep) {
+  // Blocks of 32: random, constant, and a block with one outlier.
+  const int64_t cols = 96;
+  std::vector<float> x(2 * cols);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.3f, 2.0f);
+  for (float& v : x) v = nd(rng);
+  for (int64_t j = 32; j < 64; ++j) x[j] = -1.25f;
+  x[cols + 70] = 40.0f;
+  std::vector<float> r = x;
+  round_to(GgmlType::kQ4_1, &r, 2, cols);
+  for (int64_t b = 0; b < 2 * cols / 32; ++b) {
+    const auto [lo, hi] = std::minmax_element(x.begin() + b * 32, x.begin() + (b + 1) * 32);
+    // Half a code step, plus the f16 rounding of the stored scale (15 steps) and min.
+    const float step = (*hi - *lo) / 15.0f;
+    const float tol = 0.5f * step + 15.0f * step / 1024.0f + std::fabs(*lo) / 1024.0f + 1e-6f;
+    for (int64_t j = b * 32; j < (b + 1) * 32; ++j) {
+      EXPECT_NEAR(r[j], x[j], tol) << "block " << b << " element " << j;
+    }
+  }
+  // A constant block comes back exactly; the codes use all 16 levels where the values spread.
+  for (int64_t j = 32; j < 64; ++j) EXPECT_EQ(r[j], -1.25f);
+  std::set<float> levels(r.begin(), r.begin() + 32);
+  EXPECT_GE(levels.size(), 12u);
+  // A head with a width that is not a multiple of 32 stays F32 instead.
+  EXPECT_EQ(head_weight_type(GgmlType::kQ4_1, {64, 40}), GgmlType::kF32);
+  EXPECT_EQ(head_weight_type(GgmlType::kQ4_1, {64, 96}), GgmlType::kQ4_1);
+}
+
 TEST(ReDrafterHead, BatchedStepEqualsTheReference) {
   const int dim = 64, s = 32, vd = 50;
   const ReDrafterWeights w = random_head(dim, s, 2, vd, 512, 11);
+  // Q4_1's weights are compared with the reference on the same rounded weights (the head's
+  // other error is its 8-bit activations, as Q8_0's); the other types with the float weights.
+  ReDrafterWeights w4 = w;
+  round_to(GgmlType::kQ4_1, &w4.w_embed, s, dim);
+  round_to(GgmlType::kQ4_1, &w4.w_state, s, s);
+  for (auto& b : w4.w_block) round_to(GgmlType::kQ4_1, &b, dim + s, dim + s);
+  round_to(GgmlType::kQ4_1, &w4.w_out, vd, dim + s);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   const int n = 5;
   std::vector<float> h(dim), in(n * (dim + s));
   for (float& x : h) x = nd(rng);
   for (float& x : in) x = nd(rng);
-  std::vector<float> s_ref(n * s), l_ref(n * vd);
+  std::vector<float> s_ref(n * s), l_ref(n * vd), s_ref4(n * s), l_ref4(n * vd);
   for (int r = 0; r < n; ++r) {
     redrafter_step_ref(w, h.data(), in.data() + r * (dim + s), in.data() + r * (dim + s) + dim,
                        s_ref.data() + r * s, l_ref.data() + r * vd);
+    redrafter_step_ref(w4, h.data(), in.data() + r * (dim + s), in.data() + r * (dim + s) + dim,
+                       s_ref4.data() + r * s, l_ref4.data() + r * vd);
   }
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_1}) {
     ReDrafterHead head(w, type);
+    if (type == GgmlType::kQ4_1) {
+      s_ref = s_ref4;
+      l_ref = l_ref4;
+    }
     EXPECT_EQ(head.weight_type(), type);
     ReDrafterScratch scratch;
     std::vector<float> s_out(n * s), logits(n * vd);
     head.step(h, in.data(), n, s_out.data(), logits.data(), &scratch, nullptr);
     // Relative to the largest logit: F16 weights round to 11 bits, Q8_0 weights and activations
-    // to 8.
+    // to 8 (Q4_1: activations to 8, weights as the reference's).
     double scale = 1.0;
     for (float x : l_ref) scale = std::max(scale, std::fabs(double(x)));
     const double tol =
