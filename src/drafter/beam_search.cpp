@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
+#include "backend/cpu/ops.h"
 #include "model/model.h"
 #include "util/check.h"
 
@@ -21,15 +21,6 @@ void top_k(const float* x, int n, int k, std::vector<std::pair<float, int32_t>>*
     out->insert(it, {x[i], i});
     if (static_cast<int>(out->size()) > k) out->pop_back();
   }
-}
-
-// log of sum exp over x[n].
-float log_sum_exp(const float* x, int n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < n; ++i) m = std::max(m, x[i]);
-  double s = 0.0;
-  for (int i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i] - m));
-  return m + static_cast<float>(std::log(s));
 }
 
 }  // namespace
@@ -72,9 +63,9 @@ void ReDrafterBeamSearch::run(std::span<const float> h, int32_t root, const Beam
     head_.step(h, in_.data(), live, s_out_.data(), logits_.data(), &scratch_, pool);
     cands_.clear();
     for (int r = 0; r < live; ++r) {
-      const float* lg = logits_.data() + static_cast<size_t>(r) * vd;
-      const float lse = log_sum_exp(lg, vd);
+      float* lg = logits_.data() + static_cast<size_t>(r) * vd;
       top_k(lg, vd, m, &best);
+      const float lse = log_sum_exp_inplace(lg, vd);  // the row is spent after this
       for (const auto& [v, idx] : best) cands_.push_back({score_[r] + (v - lse), r, idx});
     }
     std::stable_sort(cands_.begin(), cands_.end(),

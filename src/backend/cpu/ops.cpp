@@ -2,6 +2,7 @@
 // per-ISA kernel tables. The attention driver, which uses the same tables, is in
 // attention_driver.cpp.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "backend/cpu/ops.h"
@@ -97,6 +98,13 @@ void softmax(float* x, int64_t n) {
   SPECDEC_CHECK(n >= 1, "softmax: empty input");
   const OpsKernels& kern = ops_kernels_for(active_isa(), false);
   kern.scale(x, n, 1.0f / kern.exp_shifted_sum(x, n, kern.row_max(x, n)));
+}
+
+float log_sum_exp_inplace(float* x, int64_t n) {
+  SPECDEC_CHECK(n >= 1, "log_sum_exp_inplace: empty input");
+  const OpsKernels& kern = ops_kernels_for(active_isa(), false);
+  const float m = kern.row_max(x, n);
+  return m + std::log(kern.exp_shifted_sum(x, n, m));
 }
 
 }  // namespace specdec

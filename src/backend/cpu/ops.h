@@ -23,6 +23,9 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out);
 // In place: x[i] = exp(x[i] - max) / Σ.  n >= 1.
 void softmax(float* x, int64_t n);
 
+// log Σ exp(x[i]), through softmax's kernels; x is left as exp(x[i] - max).  n >= 1.
+float log_sum_exp_inplace(float* x, int64_t n);
+
 enum class RopeStyle {
   kNorm,  // rotate adjacent pairs (x[2i], x[2i+1]): GGUF `llama` (q/k weights permuted)
   kNeox,  // rotate halves (x[i], x[i + rope_dim/2])
