@@ -110,7 +110,9 @@ void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
                    [&](int a, int b) { return chance_[a] > chance_[b]; });
   const double cost = request.node_cost;
   double gain = 1.0;
-  double spent = 1.0 + (search ? draft_cost_ * c.length / std::max(1, config_.length) : 0.0);
+  double spent = 1.0 + (search ? draft_cost_ * request.cost_scale * c.length /
+                                     std::max(1, config_.length)
+                              : 0.0);
   kept_.assign(static_cast<size_t>(n), -1);  // [full_ node] >= 0 once taken; -1: not taken
   kept_[0] = 0;
   take_.clear();
@@ -141,7 +143,9 @@ void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
     }
     kept_depth_[kept_depth_pos_] = depth;
     kept_depth_pos_ = (kept_depth_pos_ + 1) % kDepthWindow;
-    if (!beam_taken) {
+    // The search paid when the tree's expected tokens beat its cost (gain / spent > 1, plain
+    // decoding's rate); one that did not counts as empty towards a pause.
+    if (!beam_taken || gain <= spent) {
       if (++empty_streak_ >= kEmptyBeforePause) {
         pause_left_ = pause_;
         pause_ = std::min(2 * pause_, kMaxPause);

@@ -13,8 +13,11 @@
 // (one more token in the pass, in target passes) and the beam search's own cost d, the tree
 // that maximises expected tokens / cost takes nodes by decreasing p while
 //   p_i > c * (1 + sum of p taken) / (1 + d + c * nodes taken)
-// (a node raises the ratio exactly when its p/c beats the ratio so far). When no node is worth
-// it several times in a row, drafting pauses for a while (doubling up to 64 steps) and then
+// (a node raises the ratio exactly when its p/c beats the ratio so far). In an engine batch, d
+// is weighed by the step's DraftRequest::cost_scale, as c is. When no node is worth it, or the
+// ratio ends at or below 1 (the search and its nodes cost more than their expected tokens:
+// plain decoding would do better), several times in a row, drafting pauses for a while
+// (doubling up to 64 steps) and then
 // probes with at least its best node, so that the calibration keeps learning. The search itself
 // goes one step deeper than the deepest node kept in the last 8 drafting steps (at most C),
 // so that its cost follows what the tree uses.

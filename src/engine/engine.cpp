@@ -537,6 +537,7 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     // progress is one token in B); the others against their solo pass, as Generator does, so
     // that their drafts, and so their sampled draws, do not depend on the batch.
     req.node_cost = s.request.spec.adaptive && batch_tokens > 1 ? threshold : c;
+    if (s.request.spec.adaptive && batch_tokens > 1 && c > 0.0) req.cost_scale = threshold / c;
     try {
       s.proposer->propose(req, &s.tree);
     } catch (const Error& e) {

@@ -29,6 +29,11 @@ struct DraftRequest {
   // cost model); 0: no such stop. A draft model drafts on while its chain is likely enough to
   // pay it and node_cost (DraftDecoder's cost rules).
   double draft_step_cost = 0.0;
+  // What a cost counted in target passes of this sequence alone weighs in this step: 1 alone;
+  // in a batch of B tokens, where the sequence's progress is one token of a pass that costs
+  // 1 + c·(B - 1) solo passes, B / (1 + c·(B - 1)) (node_cost is c times it). A proposer that
+  // pays for its own drafting (ReDrafter's beam search) scales that cost by it.
+  double cost_scale = 1.0;
 };
 
 class Proposer {

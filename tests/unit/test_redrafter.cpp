@@ -510,6 +510,27 @@ TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
   const TokenTree probe = draft(dear, 100.0);
   EXPECT_EQ(probe.num_drafts(), 1);
   EXPECT_EQ(probe.token(1), full.token(1));  // the best node
+  // A search that does not pay for itself (expected tokens below its cost) counts as empty
+  // though it kept nodes: made dear by a batch's cost_scale, three such searches and drafting
+  // pauses; with the search free (scale 0) the same nodes pay and it drafts on.
+  auto scaled = [&](ReDrafterProposer& p, double scale) {
+    TokenTree t;
+    t.reset(17);
+    DraftRequest req;
+    req.tokens = toks;
+    req.max_tokens = 12;
+    req.target_hidden = h;
+    req.node_cost = 1e-12;
+    req.cost_scale = scale;
+    p.propose(req, &t);
+    return t.num_drafts();
+  };
+  ReDrafterProposer batched(head, *tiny, nullptr, BeamSearchConfig{3, 4});
+  ReDrafterProposer free_search(head, *tiny, nullptr, BeamSearchConfig{3, 4});
+  ASSERT_GT(batched.draft_cost(), 0.0);
+  for (int step = 0; step < 3; ++step) EXPECT_GT(scaled(batched, 1e6), 0) << step;
+  EXPECT_EQ(scaled(batched, 1e6), 0);
+  for (int step = 0; step < 6; ++step) EXPECT_GT(scaled(free_search, 0.0), 0) << step;
 }
 
 // Prompt lookup in the head's tree: the continuation of the recent suffix's earlier occurrence
