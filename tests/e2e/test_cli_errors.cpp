@@ -114,6 +114,7 @@ TEST(CliErrors, Generate) {
       {g + "--spec medusa --drafter /nonexistent/heads.safetensors",
        {"/nonexistent/heads.safetensors"}},
       {g + "--spec redrafter --drafter " + head, {head}},
+      {g + "--spec redrafter --head-type q2", {"--head-type"}, true},
       {g + "--spec medusa --drafter " + head, {head}},
       {g + "--calibration /nonexistent/calibration.json", {"--calibration"}},
       {"generate -m /nonexistent/model.gguf -p hi", {"/nonexistent/model.gguf", "no such file"},

@@ -225,36 +225,41 @@ TEST(ShippedHead, DefaultModelsReDrafterHeadIsFoundAndLossless) {
   const ReDrafterWeights w = load_redrafter(head_path);
   check_redrafter_target(w, *model, head_path);
   EXPECT_LE(w.shape.num_params() * 2, 16 << 20);
-  ReDrafterHead head(w);
   ThreadPool pool(2);
   Generator gen(*model, &pool, 1024);
-  int64_t passes = 0, generated = 0, accepted = 0;
-  for (const char* q : {"Give me three tips for a good night's sleep.",
-                        "Explain what a hash table is to a beginner.",
-                        "Write a short poem about the sea."}) {
-    const std::vector<int32_t> prompt =
-        tok->encode(tok->apply_chat_template({{"user", q}}, true), false, true);
-    GenerationConfig plain;
-    plain.max_new_tokens = 64;
-    const std::vector<int32_t> want = gen.generate(prompt, plain, nullptr, nullptr);
-    ReDrafterPolicy every_node;  // the whole 4 x 4 tree: what the head gets right, unpruned
-    every_node.prune = false;
-    ReDrafterProposer proposer(head, *model, &pool, BeamSearchConfig{4, 4}, every_node);
-    GenerationConfig g = plain;
-    g.proposer = &proposer;
-    g.draft.adaptive = false;
-    g.draft.max_draft = 16;
-    GenerationStats st;
-    EXPECT_EQ(gen.generate(prompt, g, nullptr, &st), want) << q;
-    passes += st.n_forward_passes;
-    generated += st.n_generated;
-    accepted += st.n_accepted;
+  // Q8_0, the class's default, and Q4_1, what the commands step on the CPU (--head-type auto).
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_1}) {
+    const std::string type_name = ggml_type_name(static_cast<uint32_t>(type));
+    ReDrafterHead head(w, type);
+    ASSERT_EQ(head.weight_type(), type);
+    int64_t passes = 0, generated = 0, accepted = 0;
+    for (const char* q : {"Give me three tips for a good night's sleep.",
+                          "Explain what a hash table is to a beginner.",
+                          "Write a short poem about the sea."}) {
+      const std::vector<int32_t> prompt =
+          tok->encode(tok->apply_chat_template({{"user", q}}, true), false, true);
+      GenerationConfig plain;
+      plain.max_new_tokens = 64;
+      const std::vector<int32_t> want = gen.generate(prompt, plain, nullptr, nullptr);
+      ReDrafterPolicy every_node;  // the whole 4 x 4 tree: what the head gets right, unpruned
+      every_node.prune = false;
+      ReDrafterProposer proposer(head, *model, &pool, BeamSearchConfig{4, 4}, every_node);
+      GenerationConfig g = plain;
+      g.proposer = &proposer;
+      g.draft.adaptive = false;
+      g.draft.max_draft = 16;
+      GenerationStats st;
+      EXPECT_EQ(gen.generate(prompt, g, nullptr, &st), want) << type_name << ": " << q;
+      passes += st.n_forward_passes;
+      generated += st.n_generated;
+      accepted += st.n_accepted;
+    }
+    const double per_pass = static_cast<double>(accepted + passes) / static_cast<double>(passes);
+    std::printf("shipped head as %s: %lld tokens in %lld passes (%.2f a pass), %lld drafts accepted\n",
+                type_name.c_str(), static_cast<long long>(generated), static_cast<long long>(passes),
+                per_pass, static_cast<long long>(accepted));
+    EXPECT_GT(per_pass, 1.4) << type_name;  // a random head stays near 1.0
   }
-  const double per_pass = static_cast<double>(accepted + passes) / static_cast<double>(passes);
-  std::printf("shipped head: %lld tokens in %lld passes (%.2f a pass), %lld drafts accepted\n",
-              static_cast<long long>(generated), static_cast<long long>(passes), per_pass,
-              static_cast<long long>(accepted));
-  EXPECT_GT(per_pass, 1.4);  // a random head stays near 1.0
 }
 
 }  // namespace
