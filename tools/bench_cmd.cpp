@@ -243,13 +243,15 @@ void run_bench(BenchOptions& o) {
   if (!spec.proposer && !o.calibrate) roofline_bench(o, *model, pool, j);
   const int verify_context = std::clamp(o.n_prompt, 1, c.n_ctx_train - 16);
   if (o.calibrate) {  // only the cost model's constants, written for the engine commands
-    if (!quiet) fmt::print(stderr, "calibrating: 8-token vs 1-token pass at context {} ...\n",
+    if (!quiet) fmt::print(stderr, "calibrating: passes of 1-32 tokens against 1 at context {} ...\n",
                            verify_context);
     const VerifyCost verify = measure_verify_cost(*model, &pool, verify_context,
                                                   o.verify_pairs, kv_type_from_option(o.kv_type));
     Calibration cal;
     cal.verify_cost_ratio = verify.ratio;
     cal.verify_token_cost = std::max(0.0, (verify.ratio - 1.0) / 7.0);
+    cal.pass_cost = measure_pass_cost(*model, &pool, verify_context, o.verify_pairs,
+                                      kv_type_from_option(o.kv_type));
     cal.isa = calibration_kernels(device);
     cal.threads = threads;
     cal.context = verify_context;
@@ -261,6 +263,7 @@ void run_bench(BenchOptions& o) {
     j["calibration_file"] = file;
     j["verify_cost_ratio"] = cal.verify_cost_ratio;
     j["verify_token_cost"] = cal.verify_token_cost;
+    j["pass_cost"] = cal.pass_cost;
     j["cpu"] = cal.cpu;
     if (quiet) {
       std::printf("%s\n", j.dump().c_str());
@@ -269,6 +272,9 @@ void run_bench(BenchOptions& o) {
                  "verify_token_cost {:.4f} -> {}\n",
                  cal.cpu, cal.isa, threads, verify_context, cal.verify_cost_ratio,
                  cal.verify_token_cost, file);
+      std::string curve;
+      for (const auto& [n, r] : cal.pass_cost) curve += fmt::format(" {}:{:.2f}", n, r);
+      fmt::print("pass cost by new tokens (one-token passes):{}\n", curve);
     }
     return;
   }

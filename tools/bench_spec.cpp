@@ -180,6 +180,48 @@ VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int 
   return cost;
 }
 
+std::vector<std::pair<int, double>> measure_pass_cost(Model& model, ThreadPool* pool, int context,
+                                                      int reps, KvType kv_type) {
+  const ModelConfig& c = model.config();
+  constexpr int kMaxRows = kPassCostRows[std::size(kPassCostRows) - 1];
+  context = std::max(1, std::min(context, c.n_ctx_train - kMaxRows - 8));
+  KvCache kv = model.make_kv_cache(context + kMaxRows + 8, kv_type);
+  std::vector<int32_t> tokens(static_cast<size_t>(context + kMaxRows));
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
+  prefill(model, kv, {tokens.data(), static_cast<size_t>(context)}, 512, pool);
+  std::vector<int32_t> positions(kMaxRows), rows(kMaxRows);
+  for (int i = 0; i < kMaxRows; ++i) {
+    positions[i] = context + i;
+    rows[i] = i;
+  }
+  auto pass = [&](int n) {
+    ForwardBatch b;
+    b.tokens = {tokens.data() + context, static_cast<size_t>(n)};
+    b.positions = {positions.data(), static_cast<size_t>(n)};
+    b.output_rows = {rows.data(), static_cast<size_t>(n)};
+    const auto t0 = std::chrono::steady_clock::now();
+    model.forward(kv, b, pool);
+    const double s = seconds_since(t0);
+    kv.truncate(context);
+    return s;
+  };
+  for (int n : kPassCostRows) pass(n);  // warm every shape once
+  // Per size, the median of pair ratios (a 1-token pass just before it), as measure_verify_cost.
+  std::vector<std::vector<double>> ratios(std::size(kPassCostRows));
+  for (int r = 0; r < std::max(1, reps); ++r) {
+    for (size_t k = 1; k < std::size(kPassCostRows); ++k) {
+      const double t1 = pass(1);
+      ratios[k].push_back(pass(kPassCostRows[k]) / t1);
+    }
+  }
+  std::vector<std::pair<int, double>> curve = {{1, 1.0}};
+  for (size_t k = 1; k < std::size(kPassCostRows); ++k) {
+    curve.emplace_back(kPassCostRows[k], std::max(curve.back().second, median(ratios[k])));
+  }
+  return curve;
+}
+
 std::vector<BenchPrompt> read_bench_prompts(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(fmt::format("{}: cannot open prompts file", path));

@@ -24,6 +24,13 @@ struct VerifyCost {
 VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps,
                                KvType kv_type);
 
+// The pass-cost curve of engine/pass_cost.h at `context`: for n in kPassCostRows, the median over
+// `reps` rounds of (a pass over n new tokens) / (a pass over 1 run just before it), every row
+// wanting logits as verification does. Starts with (1, 1); ratios forced to rise with n.
+inline constexpr int kPassCostRows[] = {1, 2, 4, 8, 12, 16, 24, 32};
+std::vector<std::pair<int, double>> measure_pass_cost(Model& model, ThreadPool* pool, int context,
+                                                      int reps, KvType kv_type);
+
 // One line of a prompts file: a user message, or a conversation of several user turns where
 // each later turn follows the model's own answer to the one before (MT-Bench's second turns, as
 // Spec-Bench runs them), with an optional category for per-category figures.

@@ -33,6 +33,7 @@ namespace {
 nlohmann::json to_json(const Calibration& c) {
   return nlohmann::json{{"verify_cost_ratio", c.verify_cost_ratio},
                         {"verify_token_cost", c.verify_token_cost},
+                        {"pass_cost", c.pass_cost},
                         {"isa", c.isa},
                         {"threads", c.threads},
                         {"context", c.context},
@@ -52,6 +53,20 @@ Calibration from_json(const nlohmann::json& j, const std::string& path) {
   if (!(c.verify_token_cost >= 0 && c.verify_token_cost < 10)) {
     throw Error(fmt::format("calibration file {}: verify_token_cost {} is out of range [0, 10)",
                             path, c.verify_token_cost));
+  }
+  if (j.contains("pass_cost")) {
+    c.pass_cost = j.at("pass_cost").get<std::vector<std::pair<int, double>>>();
+    for (size_t i = 0; i < c.pass_cost.size(); ++i) {
+      const auto [n, r] = c.pass_cost[i];
+      const bool ok = i == 0 ? n == 1 && r == 1.0
+                             : n > c.pass_cost[i - 1].first && r >= c.pass_cost[i - 1].second &&
+                                   r < 1000.0;
+      if (!ok || c.pass_cost.size() == 1) {
+        throw Error(fmt::format("calibration file {}: pass_cost must rise from [1, 1] with n; "
+                                "run `specdec bench --calibrate` again",
+                                path));
+      }
+    }
   }
   return c;
 }
@@ -107,8 +122,13 @@ std::string calibration_kernels(Device device) {
   return device == Device::kCuda ? "cuda" : isa_name(active_isa());
 }
 
-double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet,
-                                    const std::string& kernels, const std::string& model_path) {
+namespace {
+
+// The entry for the model file name and kernels, from `file` (an error if it does not exist; an
+// explicit file with no such entry gives its entry for those kernels, then its first) or, with
+// file empty, from the default file; nullopt when there is none.
+std::optional<Calibration> pick_calibration(const std::string& file, const std::string& kernels,
+                                            const std::string& model_path) {
   const bool explicit_file = !file.empty();
   const std::string path = explicit_file ? file : default_calibration_path();
   const std::vector<Calibration> entries = read_calibrations(path);
@@ -124,7 +144,25 @@ double calibrated_verify_token_cost(const std::string& file, double fallback, bo
     }
     if (!pick) pick = &entries.front();
   }
+  if (!pick) return std::nullopt;
+  return *pick;
+}
+
+}  // namespace
+
+std::vector<std::pair<int, double>> calibrated_pass_cost(const std::string& file,
+                                                         const std::string& kernels,
+                                                         const std::string& model_path) {
+  const std::optional<Calibration> pick = pick_calibration(file, kernels, model_path);
+  return pick ? pick->pass_cost : std::vector<std::pair<int, double>>{};
+}
+
+double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet,
+                                    const std::string& kernels, const std::string& model_path) {
+  const std::optional<Calibration> pick = pick_calibration(file, kernels, model_path);
   if (pick) return pick->verify_token_cost;
+  const std::string path = file.empty() ? default_calibration_path() : file;
+  const std::string name = model_name(model_path);
   if (!quiet) {
     fmt::print(stderr,
                "note: no calibration for {} with the {} kernels ({}); the cost model uses its "

@@ -3,8 +3,10 @@
 // run (the same --seed gives the same output however busy the machine is).
 //
 // File (JSON): {"calibrations": [{"verify_cost_ratio": r8, "verify_token_cost": (r8 - 1) / 7,
+//               "pass_cost": [[1, 1], [2, r2], [4, r4], [8, r8], ...],
 //               "isa": "avx512", "threads": 2, "context": 512, "model": PATH, "cpu": "..."},
-//               ...]}: one entry per model (by file name) and kernels; `bench --calibrate`
+//               ...]}: one entry per model (by file name) and kernels (pass_cost: the cost curve
+//               of engine/pass_cost.h, absent in files written before it); `bench --calibrate`
 // replaces its model's entry for its kernels and keeps the others. The cost of a token more in a
 // pass depends on the model (an 8-token pass costs 2.1 one-token passes of SmolLM2-135M but 1.6
 // of Qwen2.5-Coder-1.5B on the same AVX-512 machine), so a run takes only its own model's entry.
@@ -13,6 +15,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/device.h"
@@ -22,6 +25,8 @@ namespace specdec::cli {
 struct Calibration {
   double verify_cost_ratio = 0;  // a pass over 8 new tokens / a pass over 1
   double verify_token_cost = 0;  // cost of one more token in a pass, in one-token passes
+  // (n, a pass over n new tokens / a pass over 1), n ascending from (1, 1); empty: not measured.
+  std::vector<std::pair<int, double>> pass_cost;
   std::string isa;
   int threads = 0;
   int context = 0;
@@ -48,6 +53,10 @@ std::string calibration_kernels(Device device);
 // (with a note on stderr unless quiet).
 double calibrated_verify_token_cost(const std::string& file, double fallback, bool quiet,
                                     const std::string& kernels, const std::string& model_path);
+// The same entry's pass-cost curve (empty when there is no entry or it has none; no note).
+std::vector<std::pair<int, double>> calibrated_pass_cost(const std::string& file,
+                                                         const std::string& kernels,
+                                                         const std::string& model_path);
 // Every entry of the file; empty when the file does not exist; specdec::Error naming the file
 // when it is malformed.
 std::vector<Calibration> read_calibrations(const std::string& path);

@@ -50,6 +50,8 @@ EngineConfig make_engine_config(const EngineOptions& o, const std::string& kv_ty
   c.verify_token_cost = calibrated_verify_token_cost(o.calibration, c.verify_token_cost, quiet,
                                                      calibration_kernels(device),
                                                      target.file().path());
+  c.pass_cost_curve =
+      calibrated_pass_cost(o.calibration, calibration_kernels(device), target.file().path());
   return c;
 }
 

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "specdec/sampling_params.h"
@@ -137,6 +138,11 @@ struct EngineConfig {
   // 1 + verify_token_cost * (n - 1) passes of one token); from a calibration file, never a
   // clock. 0.08 is what `specdec bench` measures on the 2-vCPU test machine (8 tokens ~1.6x).
   double verify_token_cost = 0.08;
+  // The calibrated cost curve of a pass, when the calibration has one: points (n, a pass over n
+  // new tokens in one-token passes), n ascending from (1, 1). It replaces the line above where
+  // a batch's drafts are weighed against the pass they join (src/engine/pass_cost.h): past ~8
+  // tokens the kernels are compute-bound and a token costs more than the line says.
+  std::vector<std::pair<int, double>> pass_cost_curve;
   // Prompt tokens a step may compute while other requests are decoding (chunked prefill that
   // keeps decoders flowing: a step's cost bounds every running request's inter-token latency).
   // 0: from the cost model, as many as keep the step within kDecodeStepSlack times the cost of

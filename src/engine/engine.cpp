@@ -33,6 +33,7 @@
 #include "drafter/medusa_proposer.h"
 #include "drafter/redrafter_proposer.h"
 #include "engine/logprobs.h"
+#include "engine/pass_cost.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "kv/block_pool.h"
@@ -112,6 +113,7 @@ class Engine::Impl {
   int64_t max_context_ = 0;
   // A draft model's token in one-token target passes: its weight bytes over the target's.
   double draft_token_cost_ = 0.0;
+  PassCost pass_cost_;  // config_'s verify_token_cost and pass_cost_curve
   std::unique_ptr<PagedKvStorage> storage_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<KvBlockManager> kv_;
@@ -144,8 +146,21 @@ class Engine::Impl {
 
 Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
                    const EngineConfig& config)
-    : model_(model), tokenizer_(tokenizer), thread_pool_(pool), config_(config) {
+    : model_(model),
+      tokenizer_(tokenizer),
+      thread_pool_(pool),
+      config_(config),
+      pass_cost_(config.verify_token_cost, config.pass_cost_curve) {
   const ModelConfig& c = model.config();
+  const auto& curve = config.pass_cost_curve;
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const bool first_ok = i > 0 || (curve[0].first == 1 && curve[0].second == 1.0);
+    const bool rising = i == 0 || (curve[i].first > curve[i - 1].first &&
+                                   curve[i].second >= curve[i - 1].second);
+    if (!first_ok || !rising || !std::isfinite(curve[i].second) || curve.size() == 1) {
+      throw Error("pass_cost_curve: points (n, cost) must start at (1, 1) and rise with n");
+    }
+  }
   if (config.block_size <= 0 || config.block_size % 16 != 0) {
     throw Error(fmt::format("the KV block size must be a positive multiple of 16, got {}",
                             config.block_size));
@@ -478,11 +493,14 @@ bool Engine::Impl::emit(Sequence& s, int32_t token) {
 }
 
 // Drafts for the decoding sequences with a proposer, from the budget left. The cost model: a
-// pass over n tokens costs 1 + c·(n - 1) one-token passes (c = verify_token_cost, from a
-// calibration, never a clock). For a sequence alone, the adaptive controller weighs expected
-// accepted tokens against that cost; in a batch of B tokens the pass is shared, so a draft
-// token at depth j is kept only while its chance of acceptance, a^j (a: the sequence's running
-// per-token acceptance), is worth its share of the pass: a^j >= c·B / (1 + c·(B - 1)).
+// pass over n tokens costs P(n) one-token passes (pass_cost.h: the calibrated curve, or the line
+// 1 + c·(n - 1), c = verify_token_cost; never a clock). For a sequence alone, the adaptive
+// controller weighs expected accepted tokens against that cost; in a batch of B tokens the pass
+// is shared, so a draft token at depth j is kept only while its chance of acceptance, a^j (a:
+// the sequence's running per-token acceptance), is worth its share of the pass:
+// a^j >= m·B / P(B), m being what a token adds to the pass: the mean over as many tokens as
+// there are speculating sequences, (P(B + S) - P(B)) / S (on the line: c·B / (1 + c·(B - 1))).
+// The curve matters past ~8 tokens, where the kernels are compute-bound.
 // A sequence's own proposer (n-gram) drafts at once and its budget share is what it drafted;
 // the draft-model sequences draft together after the loop (one BatchedDraftModel::propose), so
 // the budget counts their full draft lengths.
@@ -494,8 +512,11 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     if (p.seq->decoding() && p.seq->speculates()) ++n_spec;
   }
   const double c = config_.verify_token_cost;
+  const auto b = static_cast<double>(batch_tokens);
+  // One solo pass's worth of cost, in this step's shares (B / P(B)), and the node threshold.
+  const double share_scale = batch_tokens <= 1 ? 1.0 : b / pass_cost_.cost(b);
   const double threshold =
-      batch_tokens <= 1 ? 0.0 : c * batch_tokens / (1.0 + c * (batch_tokens - 1));
+      batch_tokens <= 1 ? 0.0 : pass_cost_.marginal(b, std::max(1, n_spec)) * share_scale;
   draft_jobs_.clear();
   draft_seqs_.clear();
   for (ScheduledSeq& p : plan) {
@@ -537,7 +558,7 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     // progress is one token in B); the others against their solo pass, as Generator does, so
     // that their drafts, and so their sampled draws, do not depend on the batch.
     req.node_cost = s.request.spec.adaptive && batch_tokens > 1 ? threshold : c;
-    if (s.request.spec.adaptive && batch_tokens > 1 && c > 0.0) req.cost_scale = threshold / c;
+    if (s.request.spec.adaptive && batch_tokens > 1) req.cost_scale = share_scale;
     try {
       s.proposer->propose(req, &s.tree);
     } catch (const Error& e) {

@@ -183,7 +183,23 @@ TEST(CliBench, CalibrationIsUsedOnlyForTheModelAndKernelsItMeasured) {
   EXPECT_EQ(j["calibrations"][0]["verify_token_cost"], 0.0143);
   EXPECT_EQ(j["calibrations"][1]["model"], model);
   EXPECT_EQ(j["calibrations"][1]["context"], 32);
+  // ... with the pass-cost curve: from (1, 1), n ascending, costs that do not fall.
+  const auto curve = j["calibrations"][1].at("pass_cost").get<std::vector<std::pair<int, double>>>();
+  ASSERT_EQ(curve.size(), 8u) << j.dump();
+  EXPECT_EQ(curve.front(), (std::pair<int, double>{1, 1.0}));
+  EXPECT_EQ(curve.back().first, 32);
+  for (size_t i = 1; i < curve.size(); ++i) {
+    EXPECT_GT(curve[i].first, curve[i - 1].first);
+    EXPECT_GE(curve[i].second, curve[i - 1].second);
+  }
   EXPECT_FALSE(noted());
+  // A curve that falls is a clear error naming the file, not a silent cost model.
+  nlohmann::json bad = entry(isa, model);
+  bad["pass_cost"] = {{1, 1.0}, {8, 2.0}, {16, 1.5}};
+  write({{"calibrations", {bad}}});
+  const std::string err = run_stdout(cmd, &status);
+  EXPECT_NE(status, 0) << err;
+  EXPECT_NE(err.find("calibration.json: pass_cost must rise"), std::string::npos) << err;
 }
 
 // The roofline bench (no --spec): its figures are consistent with each other and with the model

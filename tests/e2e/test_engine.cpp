@@ -485,6 +485,35 @@ TEST_F(EngineTest, SameSeedSameOutputUnderLoad) {
   EXPECT_EQ(quiet, busy);
 }
 
+// A batch's drafts are weighed against what a token adds to the pass it joins: the same
+// adaptive requests draft under the line's cost and not at all under a calibrated curve whose
+// batch tokens cost more than their share (a knee, as the kernels' compute-bound rows have),
+// with the same greedy output either way.
+TEST_F(EngineTest, BatchDraftsAreWeighedByThePassCostCurve) {
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; ++i) {
+    Request r = make_request(prompt(40 + 10 * i, 700 + i), 48, 0.0f, 0, SpecMethod::kNgram);
+    r.spec.adaptive = true;
+    r.spec.num_draft = 8;
+    reqs.push_back(r);
+  }
+  auto drafted = [&](const EngineConfig& config) {
+    int64_t n = 0;
+    const std::vector<Collected> got = run_all(reqs, config);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, solo(reqs[i])) << i;
+      n += got[i].stats.n_drafted;
+    }
+    return n;
+  };
+  EngineConfig line;
+  line.verify_token_cost = 0.02;
+  EngineConfig knee = line;
+  knee.pass_cost_curve = {{1, 1.0}, {2, 1.02}, {4, 6.0}, {8, 20.0}};
+  EXPECT_GT(drafted(line), 0);
+  EXPECT_EQ(drafted(knee), 0);
+}
+
 TEST_F(EngineTest, LoopThreadWithSubmitAndCancelFromSeveralThreads) {
   EngineConfig config;
   config.max_batch_tokens = 64;

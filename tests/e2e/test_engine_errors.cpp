@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
@@ -25,6 +26,7 @@
 #include "model/model.h"
 #include "specdec/engine.h"
 #include "tokenizer/tokenizer.h"
+#include "util/check.h"
 
 namespace specdec {
 namespace {
@@ -221,6 +223,19 @@ TEST_F(EngineErrors, EveryRefusalNamesItsFieldAndLeavesTheEngineAsItWas) {
   EXPECT_EQ(running_out.finish_calls, 1);
   EXPECT_EQ(waiting_out.finish_calls, 1);
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+TEST_F(EngineErrors, APassCostCurveThatDoesNotRiseFromOneIsRefused) {
+  for (const auto& curve : std::vector<std::vector<std::pair<int, double>>>{
+           {{2, 1.0}, {8, 2.0}}, {{1, 1.0}, {8, 2.0}, {4, 2.5}}, {{1, 1.0}, {8, 2.0}, {16, 1.9}},
+           {{1, 1.0}}}) {
+    EngineConfig config;
+    config.pass_cost_curve = curve;
+    EXPECT_THROW(Engine(*model_, tok_, pool_, config), Error) << curve.size();
+  }
+  EngineConfig ok;
+  ok.pass_cost_curve = {{1, 1.0}, {8, 2.0}, {16, 4.0}};
+  EXPECT_NO_THROW(Engine(*model_, tok_, pool_, ok));
 }
 
 TEST_F(EngineErrors, ContextBoundaries) {

@@ -1,0 +1,25 @@
+#include "engine/pass_cost.h"
+
+#include <algorithm>
+
+namespace specdec {
+
+PassCost::PassCost(double c, std::vector<std::pair<int, double>> curve)
+    : c_(c), curve_(std::move(curve)) {}
+
+double PassCost::cost(double n) const {
+  if (curve_.size() < 2) return 1.0 + c_ * (n - 1.0);
+  // The segment that holds n (the first below its start, the last past its end).
+  size_t i = 1;
+  while (i + 1 < curve_.size() && n > curve_[i].first) ++i;
+  const auto [n0, r0] = curve_[i - 1];
+  const auto [n1, r1] = curve_[i];
+  return r0 + (r1 - r0) * (n - n0) / static_cast<double>(n1 - n0);
+}
+
+double PassCost::marginal(double n, double m) const {
+  m = std::max(m, 1.0);
+  return (cost(n + m) - cost(n)) / m;
+}
+
+}  // namespace specdec
