@@ -133,31 +133,59 @@ TurnResult run_turn(Generator& gen, Generator& spec_gen, const GenerationConfig&
 
 }  // namespace
 
+namespace {
+
+// Timed target passes over n <= max_rows new tokens after `context` cached ones (tokens spread
+// over the vocabulary), every row wanting logits as verification does; the cache is cut back
+// to `context` after each.
+class PassTimer {
+ public:
+  PassTimer(Model& model, ThreadPool* pool, int context, int max_rows, KvType kv_type)
+      : model_(model),
+        pool_(pool),
+        context_(std::max(1, std::min(context, model.config().n_ctx_train - max_rows - 8))),
+        kv_(model.make_kv_cache(context_ + max_rows + 8, kv_type)),
+        tokens_(static_cast<size_t>(context_ + max_rows)),
+        positions_(static_cast<size_t>(max_rows)),
+        rows_(static_cast<size_t>(max_rows)) {
+    const int n_vocab = model.config().n_vocab;
+    for (size_t i = 0; i < tokens_.size(); ++i)
+      tokens_[i] = static_cast<int32_t>(3 + (i * 7919) % (n_vocab - 3));
+    for (int i = 0; i < max_rows; ++i) {
+      positions_[static_cast<size_t>(i)] = context_ + i;
+      rows_[static_cast<size_t>(i)] = i;
+    }
+    prefill(model, kv_, {tokens_.data(), static_cast<size_t>(context_)}, 512, pool);
+  }
+
+  // Seconds of one pass over n new tokens.
+  double operator()(int n) {
+    ForwardBatch b;
+    b.tokens = {tokens_.data() + context_, static_cast<size_t>(n)};
+    b.positions = {positions_.data(), static_cast<size_t>(n)};
+    b.output_rows = {rows_.data(), static_cast<size_t>(n)};  // verification needs every row
+    const auto t0 = std::chrono::steady_clock::now();
+    model_.forward(kv_, b, pool_);
+    const double s = seconds_since(t0);
+    kv_.truncate(context_);
+    return s;
+  }
+
+ private:
+  Model& model_;
+  ThreadPool* pool_;
+  int context_;
+  KvCache kv_;
+  std::vector<int32_t> tokens_;     // [context + max_rows]
+  std::vector<int32_t> positions_;  // [max_rows]
+  std::vector<int32_t> rows_;       // [max_rows]
+};
+
+}  // namespace
+
 VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps,
                                KvType kv_type) {
-  const ModelConfig& c = model.config();
-  context = std::min(context, c.n_ctx_train - 16);
-  KvCache kv = model.make_kv_cache(context + 16, kv_type);
-  std::vector<int32_t> tokens(context + 8);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    tokens[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
-  prefill(model, kv, {tokens.data(), static_cast<size_t>(context)}, 512, pool);
-  std::vector<int32_t> positions(8), rows(8);
-  for (int i = 0; i < 8; ++i) {
-    positions[i] = context + i;
-    rows[i] = i;
-  }
-  auto pass = [&](int n) {
-    ForwardBatch b;
-    b.tokens = {tokens.data() + context, static_cast<size_t>(n)};
-    b.positions = {positions.data(), static_cast<size_t>(n)};
-    b.output_rows = {rows.data(), static_cast<size_t>(n)};  // verification needs every row
-    const auto t0 = std::chrono::steady_clock::now();
-    model.forward(kv, b, pool);
-    const double s = seconds_since(t0);
-    kv.truncate(context);
-    return s;
-  };
+  PassTimer pass(model, pool, context, 8, kv_type);
   pass(1);
   pass(8);
   // Median of the ratios of adjacent pairs: on a shared host the speed drifts from second to
@@ -182,30 +210,8 @@ VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int 
 
 std::vector<std::pair<int, double>> measure_pass_cost(Model& model, ThreadPool* pool, int context,
                                                       int reps, KvType kv_type) {
-  const ModelConfig& c = model.config();
   constexpr int kMaxRows = kPassCostRows[std::size(kPassCostRows) - 1];
-  context = std::max(1, std::min(context, c.n_ctx_train - kMaxRows - 8));
-  KvCache kv = model.make_kv_cache(context + kMaxRows + 8, kv_type);
-  std::vector<int32_t> tokens(static_cast<size_t>(context + kMaxRows));
-  for (size_t i = 0; i < tokens.size(); ++i)
-    tokens[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
-  prefill(model, kv, {tokens.data(), static_cast<size_t>(context)}, 512, pool);
-  std::vector<int32_t> positions(kMaxRows), rows(kMaxRows);
-  for (int i = 0; i < kMaxRows; ++i) {
-    positions[i] = context + i;
-    rows[i] = i;
-  }
-  auto pass = [&](int n) {
-    ForwardBatch b;
-    b.tokens = {tokens.data() + context, static_cast<size_t>(n)};
-    b.positions = {positions.data(), static_cast<size_t>(n)};
-    b.output_rows = {rows.data(), static_cast<size_t>(n)};
-    const auto t0 = std::chrono::steady_clock::now();
-    model.forward(kv, b, pool);
-    const double s = seconds_since(t0);
-    kv.truncate(context);
-    return s;
-  };
+  PassTimer pass(model, pool, context, kMaxRows, kv_type);
   for (int n : kPassCostRows) pass(n);  // warm every shape once
   // Per size, the median of pair ratios (a 1-token pass just before it), as measure_verify_cost.
   std::vector<std::vector<double>> ratios(std::size(kPassCostRows));

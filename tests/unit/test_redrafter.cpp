@@ -478,7 +478,7 @@ TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
   const ReDrafterHead& head = *s.head;
   const std::vector<float>& h = s.h;
   const std::vector<int32_t> toks = {1, 17};
-  auto draft = [&](ReDrafterProposer& p, double cost) {
+  auto draft = [&](ReDrafterProposer& p, double cost, double cost_scale = 1.0) {
     TokenTree t;
     t.reset(17);
     DraftRequest req;
@@ -486,6 +486,7 @@ TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
     req.max_tokens = 12;
     req.target_hidden = h;
     req.node_cost = cost;
+    req.cost_scale = cost_scale;
     p.propose(req, &t);
     return t;
   };
@@ -513,18 +514,7 @@ TEST(ReDrafterProposer, PruningKeepsNodesWorthTheirCostAndPausesWhenNoneIs) {
   // A search that does not pay for itself (expected tokens below its cost) counts as empty
   // though it kept nodes: made dear by a batch's cost_scale, three such searches and drafting
   // pauses; with the search free (scale 0) the same nodes pay and it drafts on.
-  auto scaled = [&](ReDrafterProposer& p, double scale) {
-    TokenTree t;
-    t.reset(17);
-    DraftRequest req;
-    req.tokens = toks;
-    req.max_tokens = 12;
-    req.target_hidden = h;
-    req.node_cost = 1e-12;
-    req.cost_scale = scale;
-    p.propose(req, &t);
-    return t.num_drafts();
-  };
+  auto scaled = [&](ReDrafterProposer& p, double scale) { return draft(p, 1e-12, scale).num_drafts(); };
   ReDrafterProposer batched(head, *tiny, nullptr, BeamSearchConfig{3, 4});
   ReDrafterProposer free_search(head, *tiny, nullptr, BeamSearchConfig{3, 4});
   ASSERT_GT(batched.draft_cost(), 0.0);
