@@ -14,6 +14,7 @@
 
 #include "cli_common.h"
 #include "engine/generator.h"
+#include "engine/pass_cost.h"
 #include "util/check.h"
 
 namespace specdec::cli {
@@ -221,9 +222,13 @@ std::vector<std::pair<int, double>> measure_pass_cost(Model& model, ThreadPool* 
       ratios[k].push_back(pass(kPassCostRows[k]) / t1);
     }
   }
+  // Every token adds at least kMinPassTokenCost (a median below its neighbour's, on a noisy
+  // host, must not make a stretch of the curve look free).
   std::vector<std::pair<int, double>> curve = {{1, 1.0}};
   for (size_t k = 1; k < std::size(kPassCostRows); ++k) {
-    curve.emplace_back(kPassCostRows[k], std::max(curve.back().second, median(ratios[k])));
+    const auto [n0, r0] = curve.back();
+    const double floor = r0 + kMinPassTokenCost * (kPassCostRows[k] - n0);
+    curve.emplace_back(kPassCostRows[k], std::max(floor, median(ratios[k])));
   }
   return curve;
 }

@@ -26,7 +26,8 @@ VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int 
 
 // The pass-cost curve of engine/pass_cost.h at `context`: for n in kPassCostRows, the median over
 // `reps` rounds of (a pass over n new tokens) / (a pass over 1 run just before it), every row
-// wanting logits as verification does. Starts with (1, 1); ratios forced to rise with n.
+// wanting logits as verification does. Starts with (1, 1); each point at least
+// kMinPassTokenCost a token above the one before.
 inline constexpr int kPassCostRows[] = {1, 2, 4, 8, 12, 16, 24, 32};
 std::vector<std::pair<int, double>> measure_pass_cost(Model& model, ThreadPool* pool, int context,
                                                       int reps, KvType kv_type);

@@ -18,8 +18,9 @@ double PassCost::cost(double n) const {
 }
 
 double PassCost::marginal(double n, double m) const {
+  if (curve_.size() < 2) return c_;
   m = std::max(m, 1.0);
-  return (cost(n + m) - cost(n)) / m;
+  return std::max(kMinPassTokenCost, (cost(n + m) - cost(n)) / m);
 }
 
 }  // namespace specdec

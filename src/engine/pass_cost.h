@@ -18,6 +18,10 @@
 
 namespace specdec {
 
+// The least a token adds to a pass on a calibrated curve (in one-token passes), wherever the
+// curve is flatter: a token is never free, whatever a noisy calibration measured.
+inline constexpr double kMinPassTokenCost = 0.01;
+
 class PassCost {
  public:
   // c: verify_token_cost (the line); curve: calibrated points, may be empty.
@@ -25,7 +29,8 @@ class PassCost {
 
   // A pass over n >= 1 new tokens, in one-token passes.
   double cost(double n) const;
-  // What each of m more tokens adds to a pass of n tokens, on average: (cost(n + m) - cost(n)) / m.
+  // What each of m more tokens adds to a pass of n tokens, on average: (cost(n + m) - cost(n)) / m,
+  // at least kMinPassTokenCost on a curve (the line's c as it is).
   double marginal(double n, double m) const;
 
  private:

@@ -30,5 +30,13 @@ TEST(PassCost, TheCurveIsInterpolatedAndExtendedByItsLastSlope) {
   EXPECT_NEAR(curve.marginal(8, 0), 0.25, 1e-12);  // at least one token
 }
 
+TEST(PassCost, AFlatStretchDoesNotMakeTokensFree) {
+  // A calibration on a noisy host may measure 12 tokens no dearer than 8.
+  const PassCost flat(0.14, {{1, 1.0}, {8, 2.0}, {12, 2.0}, {16, 3.0}});
+  EXPECT_DOUBLE_EQ(flat.marginal(8, 4), kMinPassTokenCost);
+  EXPECT_NEAR(flat.marginal(8, 8), 1.0 / 8, 1e-12);
+  EXPECT_DOUBLE_EQ(PassCost(0.0, {}).marginal(3, 2), 0.0);  // the line is taken as given
+}
+
 }  // namespace
 }  // namespace specdec
