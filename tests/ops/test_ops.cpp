@@ -220,6 +220,28 @@ TEST(Ops, SoftmaxMatchesReference) {
   }
 }
 
+// log_sum_exp_inplace (the beam search's normalizer) on the active ISA's softmax kernels: within
+// the kernels' relative error of a double reference, and the row left as exp(x - max).
+TEST(Ops, LogSumExpMatchesADoubleReference) {
+  std::mt19937 gen(7);
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{33}, int64_t{4096}}) {
+    for (float spread : {1.0f, 30.0f}) {
+      std::vector<float> x = random_vector(gen, n, -spread, spread);  // [n]
+      const float m = *std::max_element(x.begin(), x.end());
+      double sum = 0.0;
+      for (float v : x) sum += std::exp(static_cast<double>(v) - m);
+      const double want = m + std::log(sum);
+      std::vector<float> row = x;
+      const float got = log_sum_exp_inplace(row.data(), n);
+      EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::fabs(want))) << "n " << n;
+      for (int64_t i = 0; i < n; ++i) {
+        const double e = std::exp(static_cast<double>(x[i]) - m);
+        ASSERT_NEAR(row[i], e, 1e-5 * e + 1e-37) << "n " << n << " i " << i;
+      }
+    }
+  }
+}
+
 TEST(Ops, SoftmaxMaskedEntriesAreZero) {
   for (Isa isa : supported_variants()) {
     std::vector<float> x = {1.0f,      -INFINITY, 2.0f,      -INFINITY, -INFINITY, 0.5f,
