@@ -2,12 +2,15 @@
 // beam search (M beams x C tokens) of a random head of the given shape, against one target pass
 // over 1 token and one over the packed tree (M x C tokens at most), both after `--past` cached
 // tokens. Rounds alternate the three, medians are printed with the ratios that decide whether a
-// head shape can pay for itself: draft / 1-token pass and tree pass / 1-token pass. Not part of
-// ctest.
+// head shape can pay for itself: draft / 1-token pass and tree pass / 1-token pass. With
+// --jobs J > 1 it also times J sequences' searches (different hidden states) one by one against
+// the same J as one batch (ReDrafterBeamSearch::run_batch, as the engine runs them), each after
+// a 1-token target pass that evicts the head from the caches. Not part of ctest.
 //
 // Build: cmake --build <build dir> --target bench_redrafter
 // Run: <build dir>/bench_redrafter [--model PATH] [--state-dim S] [--blocks L] [--vocab V]
 //        [--beams M] [--length C] [--type q8_0|q4_1|f16|f32] [--threads N] [--rounds R] [--past P]
+//        [--jobs J]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,7 +47,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string model_path = default_model_path();
   int s = 256, blocks = 2, vocab = 4096, beams = 4, length = 4, threads = 2, rounds = 30;
-  int past = 256;
+  int past = 256, n_jobs = 1;
   std::string type = "q8_0";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(v);
     else if (a == "--rounds") rounds = std::atoi(v);
     else if (a == "--past") past = std::atoi(v);
+    else if (a == "--jobs") n_jobs = std::atoi(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -137,5 +141,43 @@ int main(int argc, char** argv) {
   std::printf("beams %d x %d -> %d tree nodes; threads %d; past %d\n", beams, length, nodes, threads, past);
   std::printf("draft %.3f ms, 1-token pass %.3f ms, tree pass %.3f ms\n", d * 1e3, one * 1e3, tr * 1e3);
   std::printf("draft / pass %.3f, tree pass / pass %.3f\n", d / one, tr / one);
+  if (n_jobs > 1) {
+    std::vector<std::vector<float>> hs(static_cast<size_t>(n_jobs), h);
+    for (auto& hj : hs) {
+      for (float& x : hj) x = nd(rng) * 20;
+    }
+    std::vector<Beams> outs(static_cast<size_t>(n_jobs));
+    std::vector<BeamJob> jobs;
+    for (int j = 0; j < n_jobs; ++j) {
+      jobs.push_back(BeamJob{hs[static_cast<size_t>(j)], 42 + j, BeamSearchConfig{beams, length},
+                             &outs[static_cast<size_t>(j)]});
+    }
+    auto evict = [&] {  // a 1-token target pass, as between two drafting steps
+      TokenTree one;
+      one.reset(42);
+      one.build_positions(past, &positions);
+      ForwardBatch fb;
+      fb.tokens = one.tokens();
+      fb.positions = positions;
+      const int32_t row0 = 0;
+      fb.output_rows = {&row0, 1};
+      model->forward(kv, fb, &pool);
+      kv.truncate(past);
+    };
+    std::vector<double> t_each, t_batch;
+    for (int r = 0; r < rounds; ++r) {
+      evict();
+      double t0 = now();
+      for (const BeamJob& j : jobs) search.run(j.h, j.root, j.config, j.out, &pool);
+      t_each.push_back(now() - t0);
+      evict();
+      t0 = now();
+      search.run_batch(jobs, &pool);
+      t_batch.push_back(now() - t0);
+    }
+    const double e = median(t_each), b = median(t_batch);
+    std::printf("%d searches: one by one %.3f ms, one batch %.3f ms (%.2fx)\n", n_jobs, e * 1e3,
+                b * 1e3, e / b);
+  }
   return 0;
 }

@@ -30,70 +30,103 @@ ReDrafterBeamSearch::ReDrafterBeamSearch(const ReDrafterHead& head, const Model&
 
 void ReDrafterBeamSearch::run(std::span<const float> h, int32_t root, const BeamSearchConfig& c,
                               Beams* out, ThreadPool* pool) {
+  const BeamJob job{h, root, c, out};
+  run_batch({&job, 1}, pool);
+}
+
+void ReDrafterBeamSearch::run_batch(std::span<const BeamJob> jobs, ThreadPool* pool) {
   const ReDrafterShape& sh = head_.shape();
   const int dim = sh.dim, s = sh.state_dim, vd = sh.n_draft_vocab;
   const int in_w = dim + s;
-  const int m = std::max(1, std::min(c.beams, vd));
-  const int len = std::max(0, c.length);
-  out->n = 0;
-  out->length = len;
-  out->tokens.clear();
-  out->scores.clear();
-  if (len == 0) return;
-  const std::span<const int32_t> vocab = head_.draft_vocab();
-  in_.assign(static_cast<size_t>(m) * in_w, 0.0f);
-  s_out_.resize(static_cast<size_t>(m) * s);
-  logits_.resize(static_cast<size_t>(m) * vd);
-  state_.assign(static_cast<size_t>(m) * s, 0.0f);
-  next_state_.resize(static_cast<size_t>(m) * s);
-  draft_.assign(static_cast<size_t>(m) * len, 0);
-  next_draft_.resize(static_cast<size_t>(m) * len);
-  score_.assign(static_cast<size_t>(m), 0.0f);
-  prefix_.assign(static_cast<size_t>(m) * len, 0.0f);
-  next_prefix_.resize(static_cast<size_t>(m) * len);
-  last_tok_.assign(static_cast<size_t>(m), root);
-  std::vector<std::pair<float, int32_t>> best;
-  int live = 1;  // rows of the current step
-  for (int k = 0; k < len; ++k) {
-    for (int r = 0; r < live; ++r) {
-      float* row = in_.data() + static_cast<size_t>(r) * in_w;
-      target_.embed_tokens({&last_tok_[r], 1}, row);
-      std::copy_n(state_.data() + static_cast<size_t>(r) * s, s, row + dim);
-    }
-    head_.step(h, in_.data(), live, s_out_.data(), logits_.data(), &scratch_, pool);
-    cands_.clear();
-    for (int r = 0; r < live; ++r) {
-      float* lg = logits_.data() + static_cast<size_t>(r) * vd;
-      top_k(lg, vd, m, &best);
-      const float lse = log_sum_exp_inplace(lg, vd);  // the row is spent after this
-      for (const auto& [v, idx] : best) cands_.push_back({score_[r] + (v - lse), r, idx});
-    }
-    std::stable_sort(cands_.begin(), cands_.end(),
-                     [](const Cand& a, const Cand& b) { return a.score > b.score; });
-    const int next = std::min<int>(m, static_cast<int>(cands_.size()));
-    for (int b = 0; b < next; ++b) {
-      const Cand& cd = cands_[b];
-      std::copy_n(draft_.data() + static_cast<size_t>(cd.row) * len, k,
-                  next_draft_.data() + static_cast<size_t>(b) * len);
-      next_draft_[static_cast<size_t>(b) * len + k] = cd.v;
-      std::copy_n(prefix_.data() + static_cast<size_t>(cd.row) * len, k,
-                  next_prefix_.data() + static_cast<size_t>(b) * len);
-      next_prefix_[static_cast<size_t>(b) * len + k] = cd.score;
-      std::copy_n(s_out_.data() + static_cast<size_t>(cd.row) * s, s,
-                  next_state_.data() + static_cast<size_t>(b) * s);
-      score_[b] = cd.score;
-      last_tok_[b] = vocab[cd.v];
-    }
-    std::swap(draft_, next_draft_);
-    std::swap(prefix_, next_prefix_);
-    std::swap(state_, next_state_);
-    live = next;
+  jobs_.resize(jobs.size());
+  int max_len = 0, max_rows = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const BeamJob& job = jobs[j];
+    SPECDEC_CHECK(static_cast<int>(job.h.size()) == dim, "ReDrafterBeamSearch: hidden size");
+    JobState& js = jobs_[j];
+    js.m = std::max(1, std::min(job.config.beams, vd));
+    js.len = std::max(0, job.config.length);
+    js.live = 1;
+    js.state.assign(static_cast<size_t>(js.m) * s, 0.0f);
+    js.draft.assign(static_cast<size_t>(js.m) * js.len, 0);
+    js.score.assign(static_cast<size_t>(js.m), 0.0f);
+    js.prefix.assign(static_cast<size_t>(js.m) * js.len, 0.0f);
+    js.last_tok.assign(static_cast<size_t>(js.m), job.root);
+    max_len = std::max(max_len, js.len);
+    max_rows += js.m;
   }
-  out->n = live;
-  out->tokens.resize(static_cast<size_t>(live) * len);
-  for (int i = 0; i < live * len; ++i) out->tokens[i] = vocab[draft_[i]];
-  out->scores.assign(score_.begin(), score_.begin() + live);
-  out->prefix_scores.assign(prefix_.begin(), prefix_.begin() + static_cast<size_t>(live) * len);
+  in_.resize(static_cast<size_t>(max_rows) * in_w);
+  h_rows_.resize(static_cast<size_t>(max_rows));
+  s_out_.resize(static_cast<size_t>(max_rows) * s);
+  logits_.resize(static_cast<size_t>(max_rows) * vd);
+  for (int k = 0; k < max_len; ++k) {
+    // This step's rows: the live beams of every job at least k + 1 deep, job by job.
+    int rows = 0;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      JobState& js = jobs_[j];
+      js.row0 = rows;
+      if (k >= js.len) continue;
+      for (int r = 0; r < js.live; ++r, ++rows) {
+        float* row = in_.data() + static_cast<size_t>(rows) * in_w;
+        target_.embed_tokens({&js.last_tok[r], 1}, row);
+        std::copy_n(js.state.data() + static_cast<size_t>(r) * s, s, row + dim);
+        h_rows_[static_cast<size_t>(rows)] = jobs[j].h.data();
+      }
+    }
+    head_.step_rows(h_rows_.data(), in_.data(), rows, s_out_.data(), logits_.data(), &scratch_,
+                    pool);
+    for (JobState& js : jobs_) {
+      if (k < js.len) advance(js, k);
+    }
+  }
+  const std::span<const int32_t> vocab = head_.draft_vocab();
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const JobState& js = jobs_[j];
+    Beams* out = jobs[j].out;
+    out->length = js.len;
+    out->n = js.len == 0 ? 0 : js.live;
+    out->tokens.resize(static_cast<size_t>(out->n) * js.len);
+    for (int i = 0; i < out->n * js.len; ++i) out->tokens[i] = vocab[js.draft[i]];
+    out->scores.assign(js.score.begin(), js.score.begin() + out->n);
+    out->prefix_scores.assign(js.prefix.begin(),
+                              js.prefix.begin() + static_cast<size_t>(out->n) * js.len);
+  }
+}
+
+void ReDrafterBeamSearch::advance(JobState& js, int k) {
+  const ReDrafterShape& sh = head_.shape();
+  const int s = sh.state_dim, vd = sh.n_draft_vocab, len = js.len, m = js.m;
+  const std::span<const int32_t> vocab = head_.draft_vocab();
+  cands_.clear();
+  for (int r = 0; r < js.live; ++r) {
+    float* lg = logits_.data() + static_cast<size_t>(js.row0 + r) * vd;
+    top_k(lg, vd, m, &best_);
+    const float lse = log_sum_exp_inplace(lg, vd);  // the row is spent after this
+    for (const auto& [v, idx] : best_) cands_.push_back({js.score[r] + (v - lse), r, idx});
+  }
+  std::stable_sort(cands_.begin(), cands_.end(),
+                   [](const Cand& a, const Cand& b) { return a.score > b.score; });
+  const int next = std::min<int>(m, static_cast<int>(cands_.size()));
+  next_draft_.resize(static_cast<size_t>(m) * len);
+  next_prefix_.resize(static_cast<size_t>(m) * len);
+  next_state_.resize(static_cast<size_t>(m) * s);
+  for (int b = 0; b < next; ++b) {
+    const Cand& cd = cands_[b];
+    std::copy_n(js.draft.data() + static_cast<size_t>(cd.row) * len, k,
+                next_draft_.data() + static_cast<size_t>(b) * len);
+    next_draft_[static_cast<size_t>(b) * len + k] = cd.v;
+    std::copy_n(js.prefix.data() + static_cast<size_t>(cd.row) * len, k,
+                next_prefix_.data() + static_cast<size_t>(b) * len);
+    next_prefix_[static_cast<size_t>(b) * len + k] = cd.score;
+    std::copy_n(s_out_.data() + static_cast<size_t>(js.row0 + cd.row) * s, s,
+                next_state_.data() + static_cast<size_t>(b) * s);
+    js.score[b] = cd.score;
+    js.last_tok[b] = vocab[cd.v];
+  }
+  std::swap(js.draft, next_draft_);
+  std::swap(js.prefix, next_prefix_);
+  std::swap(js.state, next_state_);
+  js.live = next;
 }
 
 }  // namespace specdec

@@ -37,11 +37,28 @@ int64_t ReDrafterHead::weight_bytes() const {
 
 void ReDrafterHead::step(std::span<const float> h, const float* in, int n, float* s_out,
                          float* logits, ReDrafterScratch* scratch, ThreadPool* pool) const {
-  const int64_t s = shape_.state_dim, dim = shape_.dim, d = shape_.width();
-  SPECDEC_CHECK(static_cast<int64_t>(h.size()) == dim, "ReDrafterHead::step: hidden size");
+  SPECDEC_CHECK(static_cast<int64_t>(h.size()) == shape_.dim, "ReDrafterHead::step: hidden size");
   if (n <= 0) return;
   if (device_) {
     device_->step(h, in, n, s_out, logits);
+    return;
+  }
+  scratch->h_rows.assign(static_cast<size_t>(n), h.data());  // step_rows leaves h_rows alone
+  step_rows(scratch->h_rows.data(), in, n, s_out, logits, scratch, pool);
+}
+
+void ReDrafterHead::step_rows(const float* const* h_rows, const float* in, int n, float* s_out,
+                              float* logits, ReDrafterScratch* scratch, ThreadPool* pool) const {
+  const int64_t s = shape_.state_dim, dim = shape_.dim, d = shape_.width();
+  if (n <= 0) return;
+  if (device_) {
+    for (int r0 = 0; r0 < n;) {
+      int r1 = r0 + 1;
+      while (r1 < n && h_rows[r1] == h_rows[r0]) ++r1;
+      device_->step({h_rows[r0], static_cast<size_t>(dim)}, in + r0 * (dim + s), r1 - r0,
+                    s_out + r0 * s, logits + static_cast<int64_t>(r0) * shape_.n_draft_vocab);
+      r0 = r1;
+    }
     return;
   }
   matmul(rnn_.w(), in, n, s_out, pool);
@@ -54,7 +71,7 @@ void ReDrafterHead::step(std::span<const float> h, const float* in, int n, float
   float* x = scratch->x.data();
   float* y = scratch->y.data();
   for (int r = 0; r < n; ++r) {
-    std::copy(h.begin(), h.end(), x + r * d);
+    std::copy_n(h_rows[r], dim, x + r * d);
     std::copy_n(s_out + static_cast<int64_t>(r) * s, s, x + r * d + dim);
   }
   for (int l = 0; l < shape_.n_blocks; ++l) {

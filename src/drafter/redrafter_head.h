@@ -31,6 +31,7 @@ class ThreadPool;
 struct ReDrafterScratch {
   std::vector<float> x;  // [n, D]
   std::vector<float> y;  // [n, D]
+  std::vector<const float*> h_rows;  // [n] step()'s shared h, a pointer per row
 };
 
 // The head's step on a device: ReDrafterHead::step's function on the same weights, up to float
@@ -70,6 +71,12 @@ class ReDrafterHead {
   // any (scratch and pool unused then).
   void step(std::span<const float> h, const float* in, int n, float* s_out, float* logits,
             ReDrafterScratch* scratch, ThreadPool* pool) const;
+  // The same with a hidden state per row (h_rows[r]: [dim]), so that the beam searches of
+  // several sequences share one pass over the weights. Each row's result is bitwise what it
+  // gets in step() alone (the kernels' rows do not depend on each other). On a device, each
+  // run of rows with the same h is one device step.
+  void step_rows(const float* const* h_rows, const float* in, int n, float* s_out, float* logits,
+                 ReDrafterScratch* scratch, ThreadPool* pool) const;
 
   // Runs every later step on `device` (null: back on the CPU).
   void set_device(std::unique_ptr<ReDrafterHeadDevice> device) { device_ = std::move(device); }

@@ -55,14 +55,23 @@ void ReDrafterProposer::add_lookup(std::span<const int32_t> tokens, int max_len)
 }
 
 void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
+  BeamJob job;
+  if (prepare(request, &job)) search_.run_batch({&job, 1}, pool_);
+  finish(request, tree);
+}
+
+bool ReDrafterProposer::prepare(const DraftRequest& request, BeamJob* job) {
   drafted_ = false;
-  if (request.target_hidden.empty() || request.max_tokens <= 0 || request.tokens.empty()) return;
+  active_ = search_step_ = false;
+  if (request.target_hidden.empty() || request.max_tokens <= 0 || request.tokens.empty()) {
+    return false;
+  }
   const bool prune = policy_.prune && request.node_cost > 0.0;
   bool search = true;
   if (prune && pause_left_ > 0) {
     if (--pause_left_ == 0) probe_ = true;
     search = false;
-    if (policy_.lookup_max <= 0) return;
+    if (policy_.lookup_max <= 0) return false;
   }
   BeamSearchConfig c = config_;
   c.length = std::min(c.length, request.max_tokens);
@@ -70,7 +79,19 @@ void ReDrafterProposer::propose(const DraftRequest& request, TokenTree* tree) {
     const int deepest = *std::max_element(kept_depth_.begin(), kept_depth_.end());
     c.length = std::min(c.length, deepest + 1);
   }
-  if (search) search_.run(request.target_hidden, request.tokens.back(), c, &beams_, pool_);
+  active_ = true;
+  search_step_ = search;
+  prune_step_ = prune;
+  step_config_ = c;
+  if (search) *job = BeamJob{request.target_hidden, request.tokens.back(), c, &beams_};
+  return search;
+}
+
+void ReDrafterProposer::finish(const DraftRequest& request, TokenTree* tree) {
+  if (!active_) return;
+  active_ = false;
+  const bool search = search_step_, prune = prune_step_;
+  const BeamSearchConfig& c = step_config_;
   if (!prune) {
     pack_beams(beams_.tokens, beams_.n, beams_.length, request.max_tokens, tree);
     return;

@@ -62,7 +62,15 @@ class ReDrafterProposer final : public Proposer {
   bool wants_hidden() const override { return true; }
   void begin(std::span<const int32_t> prompt, uint64_t seed) override;
   // Drafts at most request.max_tokens tree nodes; nothing without a hidden state.
+  // = prepare(), the search if it asks for one, finish().
   void propose(const DraftRequest& request, TokenTree* tree) override;
+
+  // propose() in two halves, so that an engine can run the searches of many sequences as one
+  // batch (ReDrafterBeamSearch::run_batch): prepare() decides whether this step searches and
+  // fills *job (its out: this proposer's own beams) if so; the caller runs the job with the
+  // same head, then calls finish() with the same request. Exactly propose()'s drafts.
+  bool prepare(const DraftRequest& request, BeamJob* job);
+  void finish(const DraftRequest& request, TokenTree* tree);
   void observe(std::span<const int32_t> accepted, int32_t bonus) override;
 
   // The beam search's cost in target passes (head bytes streamed over C steps / target bytes).
@@ -83,6 +91,10 @@ class ReDrafterProposer final : public Proposer {
 
   ThreadPool* pool_;
   BeamSearchConfig config_;
+  // prepare()'s decisions for finish(): whether this step drafts at all, whether it searched,
+  // the search's shape, and whether the tree is pruned.
+  bool active_ = false, search_step_ = false, prune_step_ = false;
+  BeamSearchConfig step_config_;
   ReDrafterPolicy policy_;
   double draft_cost_ = 0.0;
   ReDrafterBeamSearch search_;

@@ -93,6 +93,7 @@ class Engine::Impl {
   SubmitResult check_request(const Request& r) const;
   std::unique_ptr<Sequence> make_sequence(int64_t id, Request request, std::string* error);
   void plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_left);
+  void run_redrafter_jobs();
   void reserve_tree(Sequence& s, int64_t max_drafts);
   // Emits one token; false when the sequence finished with it.
   bool emit(Sequence& s, int32_t token);
@@ -119,6 +120,15 @@ class Engine::Impl {
   std::unique_ptr<KvBlockManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<BatchedDraftModel> drafter_;  // with config.draft_model
+  // With config.drafter_head: the ReDrafter sequences' beam searches of a step, as one batch.
+  std::unique_ptr<ReDrafterBeamSearch> beam_search_;
+  struct ReDrafterJob {
+    Sequence* seq;
+    DraftRequest request;
+    int64_t max_drafts;
+  };
+  std::vector<ReDrafterJob> redrafter_jobs_;
+  std::vector<BeamJob> beam_jobs_;
   ForwardScratch scratch_;
   Verifier verifier_;
   VerifyResult verdict_;
@@ -207,6 +217,9 @@ Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
     }
     drafter_ = std::make_unique<BatchedDraftModel>(
         *config.draft_model, pool, static_cast<int32_t>(draft_blocks), config.block_size);
+  }
+  if (config.drafter_head != nullptr) {
+    beam_search_ = std::make_unique<ReDrafterBeamSearch>(*config.drafter_head, model);
   }
   stats_.kv_blocks_total = n_blocks;
   if (config.draft_model != nullptr && model.weight_bytes() > 0) {
@@ -559,6 +572,12 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     // that their drafts, and so their sampled draws, do not depend on the batch.
     req.node_cost = s.request.spec.adaptive && batch_tokens > 1 ? threshold : c;
     if (s.request.spec.adaptive && batch_tokens > 1) req.cost_scale = share_scale;
+    if (s.request.spec.method == SpecMethod::kReDrafter && beam_search_) {
+      // Its search joins the step's batch below; the budget counts its full share meanwhile.
+      redrafter_jobs_.push_back(ReDrafterJob{&s, req, k});
+      budget_left -= k;
+      continue;
+    }
     try {
       s.proposer->propose(req, &s.tree);
     } catch (const Error& e) {
@@ -568,6 +587,7 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
     reserve_tree(s, k);
     budget_left -= s.tree.num_drafts();
   }
+  run_redrafter_jobs();
   if (draft_jobs_.empty()) return;
   try {
     drafter_->propose(draft_jobs_);
@@ -577,6 +597,43 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
   }
   for (size_t i = 0; i < draft_jobs_.size(); ++i) {
     reserve_tree(*draft_seqs_[i], draft_jobs_[i].max_tokens);
+  }
+}
+
+// The ReDrafter sequences of plan_drafts: each proposer decides whether it searches
+// (ReDrafterProposer::prepare), the searches run as one batch (a pass over the head's weights
+// per depth for all of them, not one per sequence), and each proposer builds its tree from its
+// beams (finish) - the same trees as each proposer alone.
+void Engine::Impl::run_redrafter_jobs() {
+  if (redrafter_jobs_.empty()) return;
+  beam_jobs_.clear();
+  std::vector<ReDrafterJob> jobs;
+  jobs.swap(redrafter_jobs_);
+  for (ReDrafterJob& j : jobs) {
+    auto* p = static_cast<ReDrafterProposer*>(j.seq->proposer.get());
+    BeamJob job;
+    try {
+      if (p->prepare(j.request, &job)) beam_jobs_.push_back(job);
+    } catch (const Error& e) {
+      finish(*j.seq, StopReason::kError, e.what());
+    }
+  }
+  try {
+    beam_search_->run_batch(beam_jobs_, thread_pool_);
+  } catch (const Error& e) {
+    for (ReDrafterJob& j : jobs) finish(*j.seq, StopReason::kError, e.what());
+    return;
+  }
+  for (ReDrafterJob& j : jobs) {
+    Sequence& s = *j.seq;
+    if (s.state == RequestState::kFinished) continue;
+    try {
+      static_cast<ReDrafterProposer*>(s.proposer.get())->finish(j.request, &s.tree);
+    } catch (const Error& e) {
+      finish(s, StopReason::kError, e.what());
+      continue;
+    }
+    reserve_tree(s, j.max_drafts);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/thread_pool.h"
 #include "common/test_paths.h"
 #include "drafter/beam_search.h"
 #include "drafter/beam_tree.h"
@@ -377,6 +378,59 @@ TEST(ReDrafterBeamSearch, MatchesAReferenceSearch) {
           EXPECT_LE(got.scores[b], got.scores[b - 1]);
         }
       }
+    }
+  }
+}
+
+// The searches of several sequences as one batch (different hidden states, roots and shapes,
+// one of them empty) give each exactly the beams it gets alone; the head's rows with a hidden
+// state each equal the rows of separate steps, bit for bit. Q4_1 and F32 heads.
+TEST(ReDrafterBeamSearch, ABatchOfSearchesEqualsEachAlone) {
+  std::unique_ptr<Model> tiny = Model::load(test::tiny_model("stories260K.gguf"));
+  const int dim = tiny->config().dim;
+  const ReDrafterWeights w = random_head(dim, 32, 2, 64, tiny->config().n_vocab, 9);
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ4_1}) {
+    ReDrafterHead head(w, type);
+    ThreadPool pool(2);
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd;
+    const std::vector<BeamSearchConfig> shapes = {{2, 2}, {4, 3}, {1, 4}, {3, 0}, {5, 1}};
+    std::vector<std::vector<float>> hs(shapes.size(), std::vector<float>(dim));
+    for (auto& h : hs) {
+      for (float& x : h) x = nd(rng);
+    }
+    std::vector<Beams> alone(shapes.size()), batched(shapes.size());
+    ReDrafterBeamSearch one(head, *tiny), many(head, *tiny);
+    std::vector<BeamJob> jobs;
+    for (size_t j = 0; j < shapes.size(); ++j) {
+      const int32_t root = static_cast<int32_t>(11 + 13 * j);
+      one.run(hs[j], root, shapes[j], &alone[j], &pool);
+      jobs.push_back(BeamJob{hs[j], root, shapes[j], &batched[j]});
+    }
+    many.run_batch(jobs, &pool);
+    for (size_t j = 0; j < shapes.size(); ++j) {
+      EXPECT_EQ(batched[j].n, alone[j].n) << j;
+      EXPECT_EQ(batched[j].length, alone[j].length) << j;
+      EXPECT_EQ(batched[j].tokens, alone[j].tokens) << j;
+      EXPECT_EQ(batched[j].scores, alone[j].scores) << j;
+      EXPECT_EQ(batched[j].prefix_scores, alone[j].prefix_scores) << j;
+    }
+    EXPECT_EQ(batched[3].n, 0);  // a search of length 0 drafts nothing
+    EXPECT_GT(batched[1].n, 1);
+
+    // step_rows: three rows, each its own h, against three single steps.
+    const int s = w.shape.state_dim, vd = w.shape.n_draft_vocab;
+    std::vector<float> in(3 * (dim + s));
+    for (float& x : in) x = nd(rng);
+    const float* rows[3] = {hs[0].data(), hs[2].data(), hs[0].data()};
+    std::vector<float> s3(3 * s), l3(3 * vd), s1(s), l1(vd);
+    ReDrafterScratch scratch;
+    head.step_rows(rows, in.data(), 3, s3.data(), l3.data(), &scratch, &pool);
+    for (int r = 0; r < 3; ++r) {
+      head.step({rows[r], static_cast<size_t>(dim)}, in.data() + r * (dim + s), 1, s1.data(),
+                l1.data(), &scratch, &pool);
+      EXPECT_EQ(std::vector<float>(s3.begin() + r * s, s3.begin() + (r + 1) * s), s1) << r;
+      EXPECT_EQ(std::vector<float>(l3.begin() + r * vd, l3.begin() + (r + 1) * vd), l1) << r;
     }
   }
 }
