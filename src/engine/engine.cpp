@@ -162,14 +162,8 @@ Engine::Impl::Impl(Model& model, const Tokenizer* tokenizer, ThreadPool* pool,
       config_(config),
       pass_cost_(config.verify_token_cost, config.pass_cost_curve) {
   const ModelConfig& c = model.config();
-  const auto& curve = config.pass_cost_curve;
-  for (size_t i = 0; i < curve.size(); ++i) {
-    const bool first_ok = i > 0 || (curve[0].first == 1 && curve[0].second == 1.0);
-    const bool rising = i == 0 || (curve[i].first > curve[i - 1].first &&
-                                   curve[i].second >= curve[i - 1].second);
-    if (!first_ok || !rising || !std::isfinite(curve[i].second) || curve.size() == 1) {
-      throw Error("pass_cost_curve: points (n, cost) must start at (1, 1) and rise with n");
-    }
+  if (!config.pass_cost_curve.empty() && !pass_cost_curve_valid(config.pass_cost_curve)) {
+    throw Error("pass_cost_curve: points (n, cost) must start at (1, 1) and rise with n");
   }
   if (config.block_size <= 0 || config.block_size % 16 != 0) {
     throw Error(fmt::format("the KV block size must be a positive multiple of 16, got {}",
@@ -532,6 +526,7 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
       batch_tokens <= 1 ? 0.0 : pass_cost_.marginal(b, std::max(1, n_spec)) * share_scale;
   draft_jobs_.clear();
   draft_seqs_.clear();
+  redrafter_jobs_.clear();
   for (ScheduledSeq& p : plan) {
     Sequence& s = *p.seq;
     s.tree.reset(s.tokens.back());
@@ -607,9 +602,7 @@ void Engine::Impl::plan_drafts(std::vector<ScheduledSeq>& plan, int64_t budget_l
 void Engine::Impl::run_redrafter_jobs() {
   if (redrafter_jobs_.empty()) return;
   beam_jobs_.clear();
-  std::vector<ReDrafterJob> jobs;
-  jobs.swap(redrafter_jobs_);
-  for (ReDrafterJob& j : jobs) {
+  for (ReDrafterJob& j : redrafter_jobs_) {
     auto* p = static_cast<ReDrafterProposer*>(j.seq->proposer.get());
     BeamJob job;
     try {
@@ -621,10 +614,10 @@ void Engine::Impl::run_redrafter_jobs() {
   try {
     beam_search_->run_batch(beam_jobs_, thread_pool_);
   } catch (const Error& e) {
-    for (ReDrafterJob& j : jobs) finish(*j.seq, StopReason::kError, e.what());
+    for (ReDrafterJob& j : redrafter_jobs_) finish(*j.seq, StopReason::kError, e.what());
     return;
   }
-  for (ReDrafterJob& j : jobs) {
+  for (ReDrafterJob& j : redrafter_jobs_) {
     Sequence& s = *j.seq;
     if (s.state == RequestState::kFinished) continue;
     try {

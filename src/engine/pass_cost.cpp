@@ -1,11 +1,23 @@
 #include "engine/pass_cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace specdec {
 
 PassCost::PassCost(double c, std::vector<std::pair<int, double>> curve)
     : c_(c), curve_(std::move(curve)) {}
+
+bool pass_cost_curve_valid(const std::vector<std::pair<int, double>>& curve) {
+  if (curve.size() < 2 || curve[0] != std::pair<int, double>{1, 1.0}) return false;
+  for (size_t i = 1; i < curve.size(); ++i) {
+    if (curve[i].first <= curve[i - 1].first || !std::isfinite(curve[i].second) ||
+        curve[i].second < curve[i - 1].second) {
+      return false;
+    }
+  }
+  return true;
+}
 
 double PassCost::cost(double n) const {
   if (curve_.size() < 2) return 1.0 + c_ * (n - 1.0);

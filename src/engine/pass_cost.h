@@ -22,6 +22,10 @@ namespace specdec {
 // curve is flatter: a token is never free, whatever a noisy calibration measured.
 inline constexpr double kMinPassTokenCost = 0.01;
 
+// Whether `curve` is a usable calibrated curve: at least two points, the first (1, 1), n rising,
+// costs finite and never falling. (An empty curve means "none": the line.)
+bool pass_cost_curve_valid(const std::vector<std::pair<int, double>>& curve);
+
 class PassCost {
  public:
   // c: verify_token_cost (the line); curve: calibrated points, may be empty.

@@ -31,8 +31,9 @@ struct DraftRequest {
   double draft_step_cost = 0.0;
   // What a cost counted in target passes of this sequence alone weighs in this step: 1 alone;
   // in a batch of B tokens, where the sequence's progress is one token of a pass that costs
-  // 1 + c·(B - 1) solo passes, B / (1 + c·(B - 1)) (node_cost is c times it). A proposer that
-  // pays for its own drafting (ReDrafter's beam search) scales that cost by it.
+  // P(B) solo passes (engine/pass_cost.h; 1 + c·(B - 1) on the line), B / P(B) (node_cost is
+  // what a token adds to the pass times it). A proposer that pays for its own drafting
+  // (ReDrafter's beam search) scales that cost by it.
   double cost_scale = 1.0;
 };
 
