@@ -30,7 +30,8 @@ void add_spec_options(CLI::App* cmd, SpecOptions* o) {
                   "<cache>/heads");
   cmd->add_option("--medusa-tree", o->medusa_tree,
                   "Medusa's static tree: paths of top-k ranks, one per head, e.g. "
-                  "\"0;1;0,0;0,1;0,0,0\" (default: 16 nodes over 4 heads)");
+                  "\"0;1;0,0;0,1;0,0,0\" (default: \"0;1;0,0\" on the CPU, 16 nodes over 4 "
+                  "heads beside a GPU)");
   cmd->add_option("--beams", o->beams, "ReDrafter: beams of the head's beam search")
       ->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--beam-length", o->beam_length, "ReDrafter: draft tokens per beam")
@@ -113,7 +114,9 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
   } else if (o.spec == "medusa" && o.num_draft == "auto") {
     dl.adaptive = false;  // the static tree, every node verified
     dl.max_draft = static_cast<int>(
-        (o.medusa_tree.empty() ? default_medusa_tree() : parse_medusa_tree(o.medusa_tree)).paths.size());
+        (o.medusa_tree.empty() ? default_medusa_tree("cuda")  // the larger default: a bound
+                               : parse_medusa_tree(o.medusa_tree))
+            .paths.size());
   } else if (o.num_draft == "auto") {
     dl.adaptive = true;
     dl.max_draft = o.num_draft_max;
@@ -208,7 +211,8 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
     setup.medusa_heads = load_medusa_heads(o, target, quiet);
     setup.draft_token_cost = static_cast<double>(setup.medusa_heads->weight_bytes()) /
                              static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
-    MedusaTree tree = o.medusa_tree.empty() ? default_medusa_tree() : parse_medusa_tree(o.medusa_tree);
+    MedusaTree tree = o.medusa_tree.empty() ? default_medusa_tree(target.device_name())
+                                            : parse_medusa_tree(o.medusa_tree);
     const size_t nodes = tree.paths.size();
     setup.proposer = std::make_unique<MedusaProposer>(*setup.medusa_heads, std::move(tree), pool);
     setup.description = fmt::format("medusa ({} heads, tree of {} nodes, {})",

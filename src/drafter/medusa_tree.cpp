@@ -57,7 +57,8 @@ MedusaTree parse_medusa_tree(const std::string& text) {
   return t;
 }
 
-MedusaTree default_medusa_tree() {
+MedusaTree default_medusa_tree(const std::string& device) {
+  if (device == "cpu") return parse_medusa_tree("0;1;0,0");
   return parse_medusa_tree("0;1;2;3;0,0;0,1;0,2;1,0;1,1;2,0;0,0,0;0,0,1;0,1,0;1,0,0;0,0,0,0;0,0,0,1");
 }
 

@@ -312,7 +312,7 @@ SubmitResult Engine::Impl::check_request(const Request& r) const {
     }
     try {
       MedusaProposer check(*config_.medusa_heads,
-                           sp.medusa_tree.empty() ? default_medusa_tree()
+                           sp.medusa_tree.empty() ? default_medusa_tree(model_.device_name())
                                                   : parse_medusa_tree(sp.medusa_tree),
                            nullptr);
     } catch (const Error& e) {
@@ -376,7 +376,8 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
     } else if (r.spec.method == SpecMethod::kMedusa) {
       s.proposer = std::make_unique<MedusaProposer>(
           *config_.medusa_heads,
-          r.spec.medusa_tree.empty() ? default_medusa_tree() : parse_medusa_tree(r.spec.medusa_tree),
+          r.spec.medusa_tree.empty() ? default_medusa_tree(model_.device_name())
+                                    : parse_medusa_tree(r.spec.medusa_tree),
           thread_pool_);
     }
   } catch (const Error& e) {

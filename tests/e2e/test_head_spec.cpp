@@ -109,8 +109,8 @@ TEST_F(HeadSpec, MedusaGreedyOutputEqualsPlainDecoding) {
     const std::vector<int32_t> want = gen.generate(prompt(p), plain, nullptr, nullptr);
     for (const char* tree : {"", "0;0,0;0,0,0;0,0,0,0", "0;1;2;3;4;5", "0;1;0,0;1,0;0,1;0,0,0"}) {
       for (int budget : {16, 2}) {
-        MedusaProposer proposer(*medusa_, *tree ? parse_medusa_tree(tree) : default_medusa_tree(),
-                                pool_);
+        MedusaProposer proposer(
+            *medusa_, *tree ? parse_medusa_tree(tree) : default_medusa_tree("cuda"), pool_);
         GenerationConfig g = plain;
         g.proposer = &proposer;
         g.draft.adaptive = false;

@@ -109,7 +109,8 @@ TEST_F(MedusaTest, TreeOptionParsing) {
   EXPECT_EQ(t.paths[4], (std::vector<int>{1, 0}));
   EXPECT_EQ(t.depth(), 3);
   EXPECT_EQ(t.max_rank(), 2);
-  EXPECT_EQ(default_medusa_tree().paths.size(), 16u);
+  EXPECT_EQ(default_medusa_tree("cuda").paths.size(), 16u);
+  EXPECT_EQ(default_medusa_tree("cpu").paths.size(), 3u);
   for (const char* bad : {"", "0;;1", "0,0", "0;0", "0;x", "0;1,", "0;64", "0;-1", "0;1;1,0,0"}) {
     EXPECT_THROW(parse_medusa_tree(bad), Error) << bad;
   }
@@ -119,7 +120,7 @@ TEST_F(MedusaTest, ProposerBuildsTheTreeFromTheHeadsRanks) {
   const MedusaWeights w = heads(4, 30, 3);
   const int dim = w.shape.dim, vd = w.shape.n_draft_vocab;
   MedusaHeads mh(w, GgmlType::kF32);
-  const MedusaTree shape = default_medusa_tree();
+  const MedusaTree shape = default_medusa_tree("cuda");
   MedusaProposer proposer(mh, shape, nullptr);
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;
