@@ -113,10 +113,8 @@ DraftLengthConfig check_spec_options(const SpecOptions& o) {
     dl.max_draft = std::min(64, o.beams * o.beam_length);
   } else if (o.spec == "medusa" && o.num_draft == "auto") {
     dl.adaptive = false;  // the static tree, every node verified
-    dl.max_draft = static_cast<int>(
-        (o.medusa_tree.empty() ? default_medusa_tree("cuda")  // the larger default: a bound
-                               : parse_medusa_tree(o.medusa_tree))
-            .paths.size());
+    // Before the model's device is known: the larger default (the GPU's) as the bound.
+    dl.max_draft = static_cast<int>(medusa_tree_or_default(o.medusa_tree, "cuda").paths.size());
   } else if (o.num_draft == "auto") {
     dl.adaptive = true;
     dl.max_draft = o.num_draft_max;
@@ -211,8 +209,7 @@ SpecSetup make_spec(const SpecOptions& o, const Model& target, ThreadPool* pool,
     setup.medusa_heads = load_medusa_heads(o, target, quiet);
     setup.draft_token_cost = static_cast<double>(setup.medusa_heads->weight_bytes()) /
                              static_cast<double>(std::max<int64_t>(1, target.weight_bytes()));
-    MedusaTree tree = o.medusa_tree.empty() ? default_medusa_tree(target.device_name())
-                                            : parse_medusa_tree(o.medusa_tree);
+    MedusaTree tree = medusa_tree_or_default(o.medusa_tree, target.device_name());
     const size_t nodes = tree.paths.size();
     setup.proposer = std::make_unique<MedusaProposer>(*setup.medusa_heads, std::move(tree), pool);
     setup.description = fmt::format("medusa ({} heads, tree of {} nodes, {})",

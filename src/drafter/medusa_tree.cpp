@@ -62,4 +62,8 @@ MedusaTree default_medusa_tree(const std::string& device) {
   return parse_medusa_tree("0;1;2;3;0,0;0,1;0,2;1,0;1,1;2,0;0,0,0;0,0,1;0,1,0;1,0,0;0,0,0,0;0,0,0,1");
 }
 
+MedusaTree medusa_tree_or_default(const std::string& text, const std::string& device) {
+  return text.empty() ? default_medusa_tree(device) : parse_medusa_tree(text);
+}
+
 }  // namespace specdec

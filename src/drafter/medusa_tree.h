@@ -26,4 +26,7 @@ MedusaTree parse_medusa_tree(const std::string& text);
 // candidates of head 1, the top one of head 2 after the first) at 1.16x.
 MedusaTree default_medusa_tree(const std::string& device);
 
+// The tree `text` names (parse_medusa_tree), or the default for `device` when it is empty.
+MedusaTree medusa_tree_or_default(const std::string& text, const std::string& device);
+
 }  // namespace specdec

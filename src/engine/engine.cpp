@@ -312,9 +312,7 @@ SubmitResult Engine::Impl::check_request(const Request& r) const {
     }
     try {
       MedusaProposer check(*config_.medusa_heads,
-                           sp.medusa_tree.empty() ? default_medusa_tree(model_.device_name())
-                                                  : parse_medusa_tree(sp.medusa_tree),
-                           nullptr);
+                           medusa_tree_or_default(sp.medusa_tree, model_.device_name()), nullptr);
     } catch (const Error& e) {
       return refuse("medusa_tree", e.what());
     }
@@ -375,9 +373,7 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(int64_t id, Request reques
           BeamSearchConfig{r.spec.beams, r.spec.beam_length}, policy);
     } else if (r.spec.method == SpecMethod::kMedusa) {
       s.proposer = std::make_unique<MedusaProposer>(
-          *config_.medusa_heads,
-          r.spec.medusa_tree.empty() ? default_medusa_tree(model_.device_name())
-                                    : parse_medusa_tree(r.spec.medusa_tree),
+          *config_.medusa_heads, medusa_tree_or_default(r.spec.medusa_tree, model_.device_name()),
           thread_pool_);
     }
   } catch (const Error& e) {

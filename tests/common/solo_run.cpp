@@ -41,10 +41,7 @@ std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool*
   } else if (r.spec.method == SpecMethod::kMedusa) {
     SPECDEC_CHECK(medusa != nullptr, "solo_output: a Medusa request without heads");
     proposer = std::make_unique<MedusaProposer>(
-        *medusa,
-        r.spec.medusa_tree.empty() ? default_medusa_tree(model.device_name())
-                                   : parse_medusa_tree(r.spec.medusa_tree),
-        pool);
+        *medusa, medusa_tree_or_default(r.spec.medusa_tree, model.device_name()), pool);
   }
   if (proposer) {
     g.proposer = proposer.get();
