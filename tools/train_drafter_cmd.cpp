@@ -55,6 +55,7 @@ struct TrainDrafterOptions {
   int max_new_tokens = 256;
   int max_prompt_tokens = 512;
   bool no_chat = false;
+  bool hidden_passes = false;
   bool dataset_only = false;
   // head
   int draft_vocab = 4096;
@@ -155,6 +156,7 @@ DistillDataset get_dataset(const TrainDrafterOptions& o, const std::string& path
   d_opt.max_prompt_tokens = o.max_prompt_tokens;
   d_opt.seed = o.train.seed;
   d_opt.chat = !o.no_chat;
+  d_opt.hidden_passes = o.hidden_passes;
   if (static_cast<size_t>(o.first_prompt) >= prompts.size()) {
     throw Error(fmt::format("--first-prompt {}: {} holds {} prompts", o.first_prompt, data,
                             prompts.size()));
@@ -167,6 +169,7 @@ DistillDataset get_dataset(const TrainDrafterOptions& o, const std::string& path
              o.first_prompt, o.max_new_tokens);
   const auto t0 = std::chrono::steady_clock::now();
   double last_shown = -1;
+  DistillTimings timings;
   DistillDataset d = build_distill_dataset(
       model, *tok, prompts, d_opt, pool, [&](int64_t done, int64_t total) {
         const double s = seconds_since(t0);
@@ -175,7 +178,8 @@ DistillDataset get_dataset(const TrainDrafterOptions& o, const std::string& path
         fmt::print(stderr, "\rdataset: {}/{} answers, {} elapsed, ETA {}   ", done, total,
                    format_duration(s),
                    format_duration(done > 0 ? s / static_cast<double>(done) * (total - done) : -1));
-      });
+      },
+      &timings);
   const nlohmann::json facts = nlohmann::json::parse(d.facts, nullptr, false);
   fmt::print(stderr,
              "\ndataset: {} sequences, {} tokens in {}; saving {} (a next shard starts at "
@@ -183,6 +187,20 @@ DistillDataset get_dataset(const TrainDrafterOptions& o, const std::string& path
              d.n_seqs(), d.n_tokens(), format_duration(seconds_since(t0)), path,
              facts.is_object() && facts.contains("next_prompt") ? facts["next_prompt"].dump()
                                                                 : "?");
+  // Where the time went: the engine's answers (prefill + batched decode, the hidden rows with
+  // them) and, with --hidden-passes, the passes over prompt + answer (prefill-shaped chunks).
+  fmt::print(stderr, "dataset: answers {} ({} prompt + {} answer tokens, {:.1f} answer tok/s)",
+             format_duration(timings.answer_s), timings.prompt_tokens, timings.answer_tokens,
+             timings.answer_s > 0 ? static_cast<double>(timings.answer_tokens) / timings.answer_s
+                                  : 0.0);
+  if (o.hidden_passes) {
+    fmt::print(stderr, ", hidden passes {} ({} tokens, {:.1f} tok/s)",
+               format_duration(timings.hidden_s), timings.hidden_tokens,
+               timings.hidden_s > 0
+                   ? static_cast<double>(timings.hidden_tokens) / timings.hidden_s
+                   : 0.0);
+  }
+  fmt::print(stderr, "\n");
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   save_distill_dataset(path, d);
@@ -438,6 +456,9 @@ void add_train_drafter_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_flag("--no-chat", o->no_chat,
                 "Answer the prompts as plain text (default: as a user turn of the chat template)");
+  cmd->add_flag("--hidden-passes", o->hidden_passes,
+                "Record the dataset's hidden states in one more pass over every prompt + answer "
+                "(every row; ~40% more time) instead of while answering (the rows training reads)");
   cmd->add_option("--draft-vocab", o->draft_vocab,
                   "Draft vocabulary: the answers' N most frequent tokens")
       ->check(CLI::Range(2, 1 << 20))->capture_default_str();

@@ -91,6 +91,9 @@ struct RequestOutput {
   int64_t id = -1;
   std::vector<int32_t> tokens;  // new tokens (a stop token included, nothing past a stop)
   std::vector<TokenLogprob> logprobs;  // [tokens] when Request::logprobs >= 0
+  // [tokens, dim] when Request::hidden_states: row i is the target's final-normed hidden state
+  // at the position that produced tokens[i] (the input of the LM head that gave its logits).
+  std::vector<float> hidden;
   std::string text;             // new text, UTF-8 complete; text that could still become a stop
                                 // string is held back, nothing past a stop string is sent
   bool finished = false;
@@ -109,6 +112,7 @@ struct Request {
   std::vector<std::string> stop;     // stop strings (not part of the returned text)
   bool ignore_eos = false;           // do not stop at the model's end-of-generation tokens
   int logprobs = -1;                 // -1: none; k in [0, 20]: each token's and the k best
+  bool hidden_states = false;        // RequestOutput::hidden (self-distillation data)
   SpecParams spec;
   // Called on the stepping thread with each step's new tokens and at the end (finished = true,
   // exactly once). Returning false cancels the request; so does throwing (the exception is

@@ -1,11 +1,13 @@
 // Self-distillation data for drafter heads (distill_data.h): prompts answered by the target on
-// the batched engine, then the target's final-normed hidden state at every token of prompt +
-// answer from one more pass over each sequence, stored as IEEE halves.
+// the batched engine, which also returns the final-normed hidden state that produced each answer
+// token; or (hidden_passes) the hidden state at every token of prompt + answer from one more pass
+// over each sequence. Stored as IEEE halves.
 //
 //   prompts ─► (chat template) tokens ─► skip the long ones ─► Engine: all submitted, stepped
-//   until done (greedy, or seeded sampling) ─► answers ─► hidden passes: chunks of
-//   hidden_chunk tokens, several sequences packed into one Model::forward, every row asked for
-//   ─► hidden[n_tokens, dim] f16
+//   until done (greedy, or seeded sampling), hidden rows captured ─► answers + hidden rows at
+//   positions n_prompt-1 .. L-2 ─► hidden[n_tokens, dim] f16
+//   [hidden_passes: chunks of hidden_chunk tokens, several sequences packed into one
+//   Model::forward, every row asked for ─► every row of hidden[n_tokens, dim]]
 #include "drafter/distill_data.h"
 
 #include <algorithm>
@@ -91,6 +93,9 @@ int32_t engine_kv_blocks(const Model& target, const DistillOptions& o, int64_t m
 
 struct Answer {
   std::vector<int32_t> tokens;  // [answer length] the stop token included
+  // [answer length, dim] f16 with DistillOptions::hidden_passes off: row j is the hidden state
+  // that produced tokens[j] (the engine's RequestOutput::hidden), else empty.
+  std::vector<uint16_t> hidden;
   StopReason reason = StopReason::kNone;
   std::string error;
   bool finished = false;
@@ -125,9 +130,11 @@ std::vector<Answer> answer_prompts(Model& target, const Tokenizer& tok,
       r.max_tokens = o.max_new_tokens;
       r.sampling.temperature = o.temperature;
       r.sampling.seed = seeds[i];
+      r.hidden_states = !o.hidden_passes;
       r.on_output = [&answers, &done, &progress, total, i](const RequestOutput& out) {
         Answer& a = answers[i];
         a.tokens.insert(a.tokens.end(), out.tokens.begin(), out.tokens.end());
+        for (const float x : out.hidden) a.hidden.push_back(fp32_to_fp16(x));
         if (out.finished) {
           a.finished = true;
           a.reason = out.reason;
@@ -377,9 +384,26 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
     d.tokens.insert(d.tokens.end(), encoded[s].begin(), encoded[s].end());
     d.tokens.insert(d.tokens.end(), answers[s].tokens.begin(), answers[s].tokens.end());
   }
-  d.hidden.resize(static_cast<size_t>(n_tokens * d.dim));
-  int64_t n_passes = 0;
-  compute_hidden(target, d, options.hidden_chunk, pool, &n_passes);
+  int64_t n_passes = 0, n_hidden_tokens = 0;
+  if (options.hidden_passes) {
+    d.hidden.resize(static_cast<size_t>(n_tokens * d.dim));
+    compute_hidden(target, d, options.hidden_chunk, pool, &n_passes);
+    n_hidden_tokens = n_tokens;
+  } else {
+    // The rows captured while answering: answer token j was produced at sequence position
+    // n_prompt - 1 + j, so they fill positions n_prompt - 1 .. L - 2, the only ones training
+    // reads (training_positions, soft labels). The prompt's other positions and the last
+    // token stay zero.
+    d.hidden.assign(static_cast<size_t>(n_tokens * d.dim), 0);
+    const size_t dim = static_cast<size_t>(d.dim);
+    for (size_t s = 0; s < n_seqs; ++s) {
+      const Answer& a = answers[s];
+      SPECDEC_CHECK(a.hidden.size() == a.tokens.size() * dim,
+                    "distill: the engine returned another number of hidden rows than tokens");
+      const size_t first = static_cast<size_t>(d.seq_offsets[s] + d.n_prompt[s] - 1);
+      std::copy(a.hidden.begin(), a.hidden.end(), d.hidden.begin() + first * dim);
+    }
+  }
   const auto t_hidden = Clock::now();
 
   nlohmann::json facts;
@@ -396,7 +420,10 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
   facts["answer_tokens"] = n_answer;
   facts["answers_ended_by_eog"] = n_eog;
   facts["tokens"] = n_tokens;
-  facts["hidden"] = "final-normed, f16; hidden passes in f16 KV cache";
+  facts["hidden"] = options.hidden_passes
+                        ? "final-normed, f16; hidden passes in f16 KV cache"
+                        : "final-normed, f16; captured while answering (f16 KV cache); only "
+                          "positions n_prompt-1 .. L-2 of each sequence, the others zero";
   facts["options"] = {{"max_prompt_tokens", options.max_prompt_tokens},
                       {"max_new_tokens", options.max_new_tokens},
                       {"temperature", options.temperature},
@@ -405,7 +432,8 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
                       {"chat", options.chat},
                       {"max_prompts", options.max_prompts},
                       {"max_seqs", options.max_seqs},
-                      {"hidden_chunk", options.hidden_chunk}};
+                      {"hidden_chunk", options.hidden_chunk},
+                      {"hidden_passes", options.hidden_passes}};
   d.facts = facts.dump();
 
   if (timings != nullptr) {
@@ -417,7 +445,7 @@ DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
     timings->hidden_s = secs(t_answered, t_hidden);
     timings->prompt_tokens = n_tokens - n_answer;
     timings->answer_tokens = n_answer;
-    timings->hidden_tokens = n_tokens;
+    timings->hidden_tokens = n_hidden_tokens;
     timings->hidden_passes = n_passes;
   }
   return d;

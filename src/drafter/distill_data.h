@@ -1,6 +1,6 @@
 // Training data for drafter heads by self-distillation: prompts answered by the target itself
-// (generated with the engine's batching), then the target's final-normed hidden state at every
-// position of prompt + answer, computed once and reused across epochs.
+// (generated with the engine's batching) and the target's final-normed hidden state at the
+// positions training reads (recorded while answering), computed once and reused across epochs.
 //
 // Training position i of a sequence (tokens t_0 .. t_{L-1}) pairs the hidden state h_i (the
 // target's output at t_i, which predicts t_{i+1}) with the root t_{i+1} and the tokens the head
@@ -30,6 +30,7 @@ struct DistillDataset {
   std::vector<int32_t> n_prompt;     // [n_seqs] prompt tokens at the start of each sequence
   std::vector<int32_t> tokens;       // [n_tokens] prompt + answer of every sequence
   std::vector<uint16_t> hidden;      // [n_tokens, dim] f16: final-normed hidden at each token
+                                     // (zero where not recorded: DistillOptions::hidden_passes)
   std::string facts;                 // JSON: target fingerprint, prompts file, sampling, ...
 
   int64_t n_seqs() const { return static_cast<int64_t>(n_prompt.size()); }
@@ -50,6 +51,10 @@ struct DistillOptions {
   int max_seqs = 16;         // answers generated together (the engine's --max-seqs)
   int64_t kv_cache_mib = 0;  // the engine's KV pool; 0: max_seqs whole sequences, <= 1 GiB
   int hidden_chunk = 256;    // tokens per hidden-state pass (several sequences packed)
+  // false (default): the hidden states come from the engine while it answers (each answer
+  // token's producing row: positions n_prompt-1 .. L-2, all that training reads; the other rows
+  // are zero). true: one more pass over every whole sequence fills every row (~40% more time).
+  bool hidden_passes = false;
 };
 
 // Where the time of build_distill_dataset went (for progress reports and benchmarks).
@@ -59,12 +64,12 @@ struct DistillTimings {
   double hidden_s = 0;  // the hidden-state passes
   int64_t prompt_tokens = 0;
   int64_t answer_tokens = 0;
-  int64_t hidden_tokens = 0;  // prompt + answer tokens through the hidden passes
+  int64_t hidden_tokens = 0;  // prompt + answer tokens through the hidden passes (0 without)
   int64_t hidden_passes = 0;
 };
 
-// Answers `prompts` with the target (batched engine), then runs prompt + answer through the
-// target once more to record the hidden states. progress(done, total) is called as answers
+// Answers `prompts` with the target (batched engine), recording the hidden states as it goes
+// (options.hidden_passes: in one more pass over prompt + answer instead). progress(done, total) is called as answers
 // finish. Throws specdec::Error (bad prompt file content, no prompt usable).
 //
 // In detail: prompts are taken in order from index first_prompt until max_prompts are used
@@ -75,8 +80,9 @@ struct DistillTimings {
 // are skipped and counted in the facts. Answers: greedy when temperature is 0, else sampled with seed options.seed + the
 // prompt's index in `prompts`; they end at the first end-of-generation token (kept as the last
 // answer token) or after max_new_tokens (or at the context). Sequence i is the i-th used
-// prompt. hidden rows: Model::forward over each whole sequence in an f16 KV cache, every row
-// asked for, stored as IEEE halves (round to nearest even).
+// prompt. hidden rows, as IEEE halves (round to nearest even): the engine's
+// RequestOutput::hidden (rows n_prompt-1 .. L-2; the others zero), or with hidden_passes
+// Model::forward over each whole sequence in an f16 KV cache, every row asked for.
 DistillDataset build_distill_dataset(Model& target, const Tokenizer& tokenizer,
                                      std::span<const std::string> prompts,
                                      const DistillOptions& options, ThreadPool* pool,

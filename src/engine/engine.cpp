@@ -644,6 +644,13 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits,
     const float* h = hidden.data() + static_cast<size_t>(row) * dim;
     s.hidden.assign(h, h + dim);
   };
+  // Request::hidden_states: the row that produced the token about to be emitted.
+  auto keep_output_hidden = [&](int row) {
+    if (!s.request.hidden_states) return;
+    SPECDEC_CHECK(!hidden.empty(), "engine: the pass returned no hidden states");
+    const float* h = hidden.data() + static_cast<size_t>(row) * dim;
+    s.out.hidden.insert(s.out.hidden.end(), h, h + dim);
+  };
   s.stats.n_computed += e.tree ? s.tree.size() : e.n_tokens;
   if (!e.tree) {
     s.n_computed += e.n_tokens;
@@ -654,6 +661,7 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits,
       if (s.request.logprobs >= 0) {
         s.out.logprobs.push_back(token_logprob(logits, token, s.request.logprobs));
       }
+      keep_output_hidden(0);
       emit(s, token);
     }
   } else {
@@ -703,6 +711,7 @@ void Engine::Impl::after_pass(Entry& e, std::span<const float> logits,
             logits.subspan(static_cast<size_t>(row) * n_vocab, static_cast<size_t>(n_vocab)),
             verdict_.tokens[i], s.request.logprobs));
       }
+      keep_output_hidden(i == 0 ? 0 : verdict_.accepted_nodes[i - 1]);
       if (!emit(s, verdict_.tokens[i])) break;
     }
   }
@@ -758,7 +767,8 @@ bool Engine::Impl::step() {
       b.positions = e.positions;
       b.mask = e.mask;
       b.output_rows = e.rows;
-      b.want_hidden = s.proposer != nullptr && s.proposer->wants_hidden() && !e.rows.empty();
+      b.want_hidden = (s.request.hidden_states || (s.proposer != nullptr && s.proposer->wants_hidden())) &&
+                      !e.rows.empty();
       batches_[i].kv = kv_->seq_kv(s.table, s.n_computed);
     }
     ForwardResult r;
@@ -814,6 +824,7 @@ void Engine::Impl::deliver() {
     }
     s->out.tokens.clear();
     s->out.logprobs.clear();
+    s->out.hidden.clear();
     s->out.text.clear();
     if (!keep_going && !s->out.finished) {
       finish(*s, StopReason::kCancelled);

@@ -21,6 +21,7 @@
 #include "common/solo_run.h"
 #include "common/test_paths.h"
 #include "engine/generator.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "specdec/engine.h"
 #include "speculative/ngram.h"
@@ -459,6 +460,61 @@ TEST_F(EngineTest, LogprobsOfEveryTokenFromTheRowThatProducedIt) {
   Engine engine(*model_, tok_, pool_, EngineConfig{});
   const SubmitResult r = engine.submit(bad);
   EXPECT_EQ(r.param, "logprobs");
+}
+
+// Request::hidden_states: row i of RequestOutput::hidden is the final-normed hidden state at the
+// position that produced token i (prompt end, a tree's parent node, the final node for the
+// bonus): the same bits with speculation as without, and as one pass over the prefix alone.
+TEST_F(EngineTest, HiddenStatesOfEveryTokenFromTheRowThatProducedIt) {
+  const int dim = model_->config().dim;
+  const std::vector<int32_t> p = prompt(40, 77, "Once upon a time, there was a little girl");
+  auto run = [&](SpecMethod spec) {
+    Request r = make_request(p, 48, 0.0f, 0, spec);
+    r.hidden_states = true;
+    std::vector<float> hidden;  // [tokens, dim]
+    std::vector<int32_t> tokens;
+    r.on_output = [&](const RequestOutput& o) {
+      EXPECT_EQ(o.hidden.size(), o.tokens.size() * static_cast<size_t>(dim));
+      if (o.finished && spec != SpecMethod::kNone) {
+        EXPECT_GT(o.stats.n_accepted, 0) << "no draft accepted: the tree rows went untested";
+      }
+      hidden.insert(hidden.end(), o.hidden.begin(), o.hidden.end());
+      tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
+      return true;
+    };
+    Engine engine(*model_, tok_, pool_, EngineConfig{});
+    EXPECT_TRUE(engine.submit(r).ok());
+    while (engine.has_work()) engine.step();
+    EXPECT_EQ(tokens, solo(r));
+    return std::make_pair(tokens, hidden);
+  };
+  const auto [plain_tokens, plain] = run(SpecMethod::kNone);
+  const auto [spec_tokens, spec] = run(SpecMethod::kNgram);
+  ASSERT_EQ(plain.size(), plain_tokens.size() * static_cast<size_t>(dim));
+  EXPECT_EQ(spec, plain);
+  // Token i came from the last row of a pass over prompt + tokens[0, i).
+  std::vector<int32_t> seq = p;
+  seq.insert(seq.end(), plain_tokens.begin(), plain_tokens.end());
+  for (size_t i = 0; i < plain_tokens.size(); i += 7) {
+    const int64_t n = static_cast<int64_t>(p.size() + i);
+    KvCache kv = model_->make_kv_cache(n);
+    std::vector<int32_t> positions(static_cast<size_t>(n));  // [n]
+    for (int64_t t = 0; t < n; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    const int32_t last = static_cast<int32_t>(n - 1);
+    ForwardBatch b;
+    b.tokens = {seq.data(), static_cast<size_t>(n)};
+    b.positions = positions;
+    b.output_rows = {&last, 1};
+    b.want_hidden = true;
+    const ForwardResult r = model_->forward(kv, b, pool_);
+    ASSERT_EQ(r.hidden.size(), static_cast<size_t>(dim));
+    for (int k = 0; k < dim; ++k) {
+      ASSERT_NEAR(plain[i * dim + k], r.hidden[k], 1e-5f * (1.0f + std::fabs(r.hidden[k])))
+          << "token " << i << " dim " << k;
+    }
+  }
+  // A row of zeros would pass the comparison of two runs; the hidden state is not zero.
+  EXPECT_GT(std::fabs(plain[0]) + std::fabs(plain[1]) + std::fabs(plain[2]), 0.0f);
 }
 
 // No policy reads a clock: sampled requests with adaptive drafts give the same tokens on a

@@ -8,6 +8,7 @@
 // it) covers the chat template path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -152,9 +153,17 @@ TEST_F(DistillData, GreedyAnswersEqualSoloGenerationAndFactsCountSkips) {
   EXPECT_EQ(d.seq_offsets.back(), d.n_tokens());
   EXPECT_EQ(static_cast<int64_t>(d.hidden.size()), d.n_tokens() * d.dim);
   EXPECT_EQ(timings.answer_tokens, answer_tokens);
-  EXPECT_EQ(timings.hidden_tokens, d.n_tokens());
+  // The hidden rows came with the answers: no pass of their own.
+  EXPECT_EQ(timings.hidden_tokens, 0);
+  EXPECT_EQ(timings.hidden_passes, 0);
+  DistillOptions with_passes = o;
+  with_passes.hidden_passes = true;
+  DistillTimings t2;
+  const DistillDataset d2 = build_distill_dataset(*model_, *tok_, ps, with_passes, pool_, {}, &t2);
+  EXPECT_EQ(d2.tokens, d.tokens);
+  EXPECT_EQ(t2.hidden_tokens, d.n_tokens());
   // 24-token passes: at least the tokens over 24, packed (fewer passes than pieces alone).
-  EXPECT_GE(timings.hidden_passes, (d.n_tokens() + 23) / 24);
+  EXPECT_GE(t2.hidden_passes, (d.n_tokens() + 23) / 24);
 
   const nlohmann::json facts = nlohmann::json::parse(d.facts);
   EXPECT_EQ(facts["target"], model_->fingerprint());
@@ -167,20 +176,32 @@ TEST_F(DistillData, GreedyAnswersEqualSoloGenerationAndFactsCountSkips) {
   EXPECT_EQ(facts["options"]["chat"], false);
 }
 
-TEST_F(DistillData, HiddenRowsEqualSinglePassOverThePrefix) {
+// Both ways of recording: the hidden passes fill every row; the engine's rows (the default)
+// fill positions n_prompt-1 .. L-2 of each sequence, and leave the others zero.
+class DistillHidden : public DistillData, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(DistillHidden, RowsEqualSinglePassOverThePrefix) {
   DistillOptions o = options();
   o.max_new_tokens = 30;
+  o.hidden_passes = GetParam();
   const std::vector<std::string> ps = {"Once upon a time", "Tim had a red car.", "The sun was hot"};
   const DistillDataset d = build_distill_dataset(*model_, *tok_, ps, o, pool_);
   ASSERT_EQ(d.n_seqs(), 3);
   std::vector<float> row(static_cast<size_t>(d.dim));  // [dim]
-  int64_t checked = 0, exact = 0;
+  int64_t checked = 0, exact = 0, zero_rows = 0;
   for (int64_t s = 0; s < d.n_seqs(); ++s) {
-    const int64_t begin = d.seq_offsets[s];
-    for (int64_t t = begin; t < d.seq_offsets[s + 1]; ++t) {
+    const int64_t begin = d.seq_offsets[s], end = d.seq_offsets[s + 1];
+    ASSERT_GE(end - begin, d.n_prompt[s] + 2) << "an answer of two tokens at least";
+    for (int64_t t = begin; t < end; ++t) {
+      d.hidden_row(t, row.data());
+      if (!o.hidden_passes && (t < begin + d.n_prompt[s] - 1 || t == end - 1)) {
+        EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](float x) { return x == 0.0f; }))
+            << "sequence " << s << " position " << t - begin << " is not recorded";
+        ++zero_rows;
+        continue;
+      }
       const std::vector<float> ref = hidden_of_prefix(d.tokens.data() + begin, t - begin + 1);
       ASSERT_EQ(ref.size(), row.size());
-      d.hidden_row(t, row.data());
       for (int i = 0; i < d.dim; ++i) {
         const float want = ref[static_cast<size_t>(i)];
         const float got = row[static_cast<size_t>(i)];
@@ -195,7 +216,15 @@ TEST_F(DistillData, HiddenRowsEqualSinglePassOverThePrefix) {
   }
   // The passes are batch-invariant: the halves are exactly those of the single pass's floats.
   EXPECT_EQ(exact, checked);
+  int64_t expect_zero = 0;
+  for (int64_t s = 0; s < d.n_seqs() && !o.hidden_passes; ++s) expect_zero += d.n_prompt[s];
+  EXPECT_EQ(zero_rows, expect_zero);
 }
+
+INSTANTIATE_TEST_SUITE_P(Recording, DistillHidden, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? std::string("HiddenPasses") : std::string("Engine");
+                         });
 
 TEST_F(DistillData, SampledAnswersUseTheSeedOfThePromptIndex) {
   DistillOptions o = options();
