@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -102,6 +103,28 @@ class EngineTest : public ::testing::Test {
     EXPECT_EQ(st.kv_blocks_used, 0) << "blocks leaked";
     EXPECT_EQ(st.requests_running, 0);
     return out;
+  }
+
+  // Runs r alone on a fresh engine: each output goes to `each`, the tokens (checked against the
+  // solo run) are returned. With speculation, some draft must be accepted (else the tree's rows
+  // went untested).
+  static std::vector<int32_t> run_one(Request r,
+                                      const std::function<void(const RequestOutput&)>& each) {
+    std::vector<int32_t> tokens;
+    const bool spec = r.spec.method != SpecMethod::kNone;
+    r.on_output = [&](const RequestOutput& o) {
+      if (o.finished && spec) {
+        EXPECT_GT(o.stats.n_accepted, 0) << "no draft accepted: the tree rows went untested";
+      }
+      each(o);
+      tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
+      return true;
+    };
+    Engine engine(*model_, tok_, pool_, EngineConfig{});
+    EXPECT_TRUE(engine.submit(r).ok());
+    while (engine.has_work()) engine.step();
+    EXPECT_EQ(tokens, solo(r));
+    return tokens;
   }
 
   static Model* model_;
@@ -420,20 +443,10 @@ TEST_F(EngineTest, LogprobsOfEveryTokenFromTheRowThatProducedIt) {
                              0, spec);
     r.logprobs = 5;
     std::vector<TokenLogprob> lps;
-    std::vector<int32_t> tokens;
-    r.on_output = [&](const RequestOutput& o) {
+    const std::vector<int32_t> tokens = run_one(r, [&](const RequestOutput& o) {
       EXPECT_EQ(o.logprobs.size(), o.tokens.size());
-      if (o.finished && spec != SpecMethod::kNone) {
-        EXPECT_GT(o.stats.n_accepted, 0) << "no draft accepted: the tree rows went untested";
-      }
       lps.insert(lps.end(), o.logprobs.begin(), o.logprobs.end());
-      tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
-      return true;
-    };
-    Engine engine(*model_, tok_, pool_, EngineConfig{});
-    EXPECT_TRUE(engine.submit(r).ok());
-    while (engine.has_work()) engine.step();
-    EXPECT_EQ(tokens, solo(r));
+    });
     return std::make_pair(tokens, lps);
   };
   const auto [plain_tokens, plain] = run(SpecMethod::kNone);
@@ -448,7 +461,9 @@ TEST_F(EngineTest, LogprobsOfEveryTokenFromTheRowThatProducedIt) {
     double mass = 0;
     for (size_t k = 0; k < plain[i].top.size(); ++k) {
       EXPECT_LE(plain[i].top[k].second, 0.0f);
-      if (k > 0) EXPECT_GE(plain[i].top[k - 1].second, plain[i].top[k].second);
+      if (k > 0) {
+        EXPECT_GE(plain[i].top[k - 1].second, plain[i].top[k].second);
+      }
       mass += std::exp(plain[i].top[k].second);
     }
     EXPECT_LE(mass, 1.0 + 1e-5);
@@ -472,20 +487,10 @@ TEST_F(EngineTest, HiddenStatesOfEveryTokenFromTheRowThatProducedIt) {
     Request r = make_request(p, 48, 0.0f, 0, spec);
     r.hidden_states = true;
     std::vector<float> hidden;  // [tokens, dim]
-    std::vector<int32_t> tokens;
-    r.on_output = [&](const RequestOutput& o) {
+    const std::vector<int32_t> tokens = run_one(r, [&](const RequestOutput& o) {
       EXPECT_EQ(o.hidden.size(), o.tokens.size() * static_cast<size_t>(dim));
-      if (o.finished && spec != SpecMethod::kNone) {
-        EXPECT_GT(o.stats.n_accepted, 0) << "no draft accepted: the tree rows went untested";
-      }
       hidden.insert(hidden.end(), o.hidden.begin(), o.hidden.end());
-      tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
-      return true;
-    };
-    Engine engine(*model_, tok_, pool_, EngineConfig{});
-    EXPECT_TRUE(engine.submit(r).ok());
-    while (engine.has_work()) engine.step();
-    EXPECT_EQ(tokens, solo(r));
+    });
     return std::make_pair(tokens, hidden);
   };
   const auto [plain_tokens, plain] = run(SpecMethod::kNone);
