@@ -4,7 +4,7 @@
 // layer with its own K/V buffers, as in a forward pass. Not part of ctest.
 //
 // Build: cmake --build <build dir> --target bench_attention
-// Run: <build dir>/bench_attention [--isa scalar|avx2|avx512] [--threads N] [--rounds R]
+// Run: <build dir>/bench_attention [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R]
 //        [--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree] [--kv-type f16|f32]
 // The rounds of the cases alternate (round r of every case, then round r + 1), so that a busy
 // host disturbs them alike; "x n_new=1" is the median over rounds of a case's time over that of
@@ -69,7 +69,10 @@ int run_bench(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--isa" && i + 1 < argc) {
       const std::string v = argv[++i];
-      isa = v == "scalar" ? Isa::kScalar : v == "avx2" ? Isa::kAvx2 : Isa::kAvx512;
+      isa = v == "scalar"    ? Isa::kScalar
+            : v == "avx2"    ? Isa::kAvx2
+            : v == "avxvnni" ? Isa::kAvxVnni
+                             : Isa::kAvx512;
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
@@ -93,7 +96,7 @@ int run_bench(int argc, char** argv) {
       cases.push_back({n_past, n_new});
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--isa scalar|avx2|avx512] [--threads N] [--rounds R] "
+                   "usage: %s [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R] "
                    "[--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree] "
                    "[--kv-type f16|f32]\n",
                    argv[0]);

@@ -5,7 +5,7 @@
 // Built by CMake as build/bench_matmul (bench/micro/*.cpp), or by hand from the repository root:
 //   g++ -O2 -std=c++20 -Isrc bench/micro/bench_matmul.cpp build-kernels/libspecdec_core.a
 //       -lpthread -o build-kernels/bench_matmul
-// Run: build-kernels/bench_matmul [--isa scalar|avx2|avx512] [--threads N] [--rounds R] [--quick]
+// Run: build-kernels/bench_matmul [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R] [--quick]
 //        [--packed]   (AVX-512: Q4_0 / Q4_1 / Q8_0 / Q4_K matrices in the packed layout, as the
 //        model
 //                      loads them; see backend/cpu/packed_weights.h)
@@ -201,7 +201,10 @@ int run_bench(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--isa" && i + 1 < argc) {
       const std::string v = argv[++i];
-      isa = v == "scalar" ? Isa::kScalar : v == "avx2" ? Isa::kAvx2 : Isa::kAvx512;
+      isa = v == "scalar"    ? Isa::kScalar
+            : v == "avx2"    ? Isa::kAvx2
+            : v == "avxvnni" ? Isa::kAvxVnni
+                             : Isa::kAvx512;
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {

@@ -562,10 +562,11 @@ std::vector<float> run_packed(Isa isa, const Weights& w, const std::vector<float
   return y;
 }
 
-// The ISAs of this machine with a kernel over packed weights.
+// The ISAs of this machine with a kernel over packed weights (AVX-VNNI: AVX2's, compiled with
+// vpdpbusd).
 std::vector<Isa> packed_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512}) {
     if (isa_supported(isa)) out.push_back(isa);
   }
   return out;
@@ -918,7 +919,7 @@ TEST(PackedWeights, StackedPartsEqualSeparateMatmuls) {
         for (int64_t n : {1, 3, 8, 13}) {
           const std::vector<float> x = make_activations(n, cols, 7);
           std::vector<float> y(static_cast<size_t>(n * 85));
-          if (isa == Isa::kAvx2 && !avx2_reads_packed(type)) {
+          if (isa_avx2_class(isa) && !avx2_reads_packed(type)) {
             // The stack is AVX-512 only (a model multiplies the parts there): a clear error.
             EXPECT_THROW(matmul_isa(isa, packed.stacked(), x.data(), n, y.data(), &pool), Error);
             continue;
@@ -968,12 +969,12 @@ TEST(CpuFeatures, DispatchFollowsSetIsa) {
   const Isa before = active_isa();
   EXPECT_TRUE(isa_supported(Isa::kScalar));
   EXPECT_TRUE(isa_supported(detect_isa()));
-  if (isa_supported(Isa::kAvx512)) {
+  if (isa_supported(Isa::kAvx512) || isa_supported(Isa::kAvxVnni)) {
     EXPECT_TRUE(isa_supported(Isa::kAvx2));
   }
   const Weights w = make_weights(GgmlType::kQ4_K, 9, 256, 4, false);
   const std::vector<float> x = make_activations(2, 256, 8);
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512}) {
     if (!isa_supported(isa)) {
       EXPECT_THROW(set_isa(isa), Error);
       continue;
@@ -986,6 +987,7 @@ TEST(CpuFeatures, DispatchFollowsSetIsa) {
   }
   set_isa(before);
   EXPECT_STREQ(isa_name(Isa::kAvx512), "avx512");
+  EXPECT_STREQ(isa_name(Isa::kAvxVnni), "avxvnni");
 }
 
 // matmul_swiglu gives bitwise what swiglu() of each row and then matmul() give: the packed

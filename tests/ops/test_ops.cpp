@@ -76,17 +76,23 @@ TEST(Ops, ReportsVariantsTheCpuHas) {
   const bool avx2 = has("avx2") && has("fma") && has("f16c");
   const bool avx512 = has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq") &&
                       has("avx512_vnni");
+  const bool avxvnni = avx2 && has("avx_vnni");
   EXPECT_EQ(isa_supported(Isa::kAvx2), avx2) << flags;
+  EXPECT_EQ(isa_supported(Isa::kAvxVnni), avxvnni) << flags;
   EXPECT_EQ(isa_supported(Isa::kAvx512), avx512) << flags;
   const char* forced = std::getenv("SPECDEC_ISA");
   bool forced_supported = false;
-  for (Isa isa : supported_variants()) {
-    forced_supported |= forced != nullptr && std::string(forced) == isa_name(isa);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512}) {
+    forced_supported |=
+        isa_supported(isa) && forced != nullptr && std::string(forced) == isa_name(isa);
   }
   if (forced_supported) {
     EXPECT_STREQ(isa_name(active_isa()), forced);
   } else {
-    EXPECT_EQ(active_isa(), avx512 ? Isa::kAvx512 : avx2 ? Isa::kAvx2 : Isa::kScalar);
+    EXPECT_EQ(active_isa(), avx512    ? Isa::kAvx512
+                            : avxvnni ? Isa::kAvxVnni
+                            : avx2    ? Isa::kAvx2
+                                      : Isa::kScalar);
   }
 }
 

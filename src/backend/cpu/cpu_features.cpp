@@ -21,6 +21,7 @@ namespace {
 
 struct CpuFeatures {
   bool avx2 = false;    // AVX2 + FMA + F16C + BMI2, OS saves YMM
+  bool avxvnni = false; // the AVX2 set + AVX-VNNI (VEX vpdpbusd)
   bool avx512 = false;  // AVX-512 F/BW/VL/DQ/VNNI (+ the AVX2 set), OS saves ZMM and opmasks
 };
 
@@ -55,6 +56,9 @@ CpuFeatures query_cpu() {
   const bool avx512vl = b & (1u << 31);
   const bool avx512vnni = c & (1u << 11);
   f.avx2 = os_ymm && avx2 && fma && f16c && bmi2;
+  __get_cpuid_count(7, 1, &a, &b, &c, &d);
+  const bool avx_vnni = a & (1u << 4);  // CPUID.(EAX=7, ECX=1):EAX[4]
+  f.avxvnni = f.avx2 && avx_vnni;
   f.avx512 = f.avx2 && os_zmm && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni;
   return f;
 }
@@ -66,6 +70,7 @@ const CpuFeatures& cpu() {
 
 Isa best_supported() {
   if (cpu().avx512) return Isa::kAvx512;
+  if (cpu().avxvnni) return Isa::kAvxVnni;
   if (cpu().avx2) return Isa::kAvx2;
   return Isa::kScalar;
 }
@@ -83,6 +88,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvxVnni:
+      return "avxvnni";
   }
   return "unknown";
 }
@@ -95,6 +102,8 @@ bool isa_supported(Isa isa) {
       return cpu().avx2;
     case Isa::kAvx512:
       return cpu().avx512;
+    case Isa::kAvxVnni:
+      return cpu().avxvnni;
   }
   return false;
 }
@@ -107,10 +116,12 @@ Isa detect_isa() {
     wanted = Isa::kScalar;
   } else if (std::strcmp(env, "avx2") == 0) {
     wanted = Isa::kAvx2;
+  } else if (std::strcmp(env, "avxvnni") == 0) {
+    wanted = Isa::kAvxVnni;
   } else if (std::strcmp(env, "avx512") == 0) {
     wanted = Isa::kAvx512;
   } else {
-    throw Error(std::string("SPECDEC_ISA=") + env + " is not one of scalar, avx2, avx512");
+    throw Error(std::string("SPECDEC_ISA=") + env + " is not one of scalar, avx2, avxvnni, avx512");
   }
   if (isa_supported(wanted)) return wanted;
   static std::atomic<bool> warned{false};

@@ -87,10 +87,15 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
   }
   // AVX2: the packed kernel below kPackedPanelMinRows rows (and for a packed-only stack), the
   // tile kernel on the file's rows for a prefill.
-  if (isa == Isa::kAvx2 && w.packed != nullptr && avx2_reads_packed(w.type) &&
+  // AVX-VNNI: the same with vpdpbusd.
+  if (isa_avx2_class(isa) && w.packed != nullptr && avx2_reads_packed(w.type) &&
       (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
-    SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");
-    detail::packed_matmul_avx2(w, x, n, y, pool);
+    SPECDEC_CHECK(isa_supported(isa), "matmul_isa: the ISA variant is not supported here");
+    if (isa == Isa::kAvxVnni) {
+      detail::packed_matmul_avxvnni(w, x, n, y, pool);
+    } else {
+      detail::packed_matmul_avx2(w, x, n, y, pool);
+    }
     return;
   }
   if (w.data == nullptr) {
@@ -102,7 +107,8 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
       detail::matmul_ref(w, x, n, y, pool);
       return;
     case Isa::kAvx2:
-      SPECDEC_CHECK(isa_supported(Isa::kAvx2), "matmul_isa: AVX2 not supported here");
+    case Isa::kAvxVnni:  // prefill: the AVX2 tile kernel
+      SPECDEC_CHECK(isa_supported(isa), "matmul_isa: the ISA variant is not supported here");
       detail::matmul_avx2(w, x, n, y, pool);
       return;
     case Isa::kAvx512:
@@ -146,7 +152,7 @@ void matmul_prefetch(const WeightMatrix& w, int ti, int nt, int64_t max_bytes) {
   if (w.packed == nullptr) return;
   if (active_isa() == Isa::kAvx512) {
     detail::packed_prefetch_avx512(w, ti, nt, max_bytes);
-  } else if (active_isa() == Isa::kAvx2 && avx2_reads_packed(w.type)) {
+  } else if (isa_avx2_class(active_isa()) && avx2_reads_packed(w.type)) {
     detail::packed_prefetch_avx2(w, ti, nt, max_bytes);
   }
 }

@@ -27,6 +27,13 @@
 // blocks of 16 rows with StealingSplit.
 // Bit-identical to the scalar reference: the integer sums are exact and the float sequence per
 // output is the documented one.
+//
+// AVX-VNNI: this source is compiled a second time by matmul_packed_avxvnni.cpp with
+// SPECDEC_PACKED_VNNI = 1 (and -mavxvnni) into packed_matmul_avxvnni. There each 4-byte group's
+// u8 x s8 dot product and its add into the s32 sum are one vpdpbusd (no s16 pair sums, no
+// vpmaddwd widening, no saturation limits), and Q8_0 multiplies its stored codes q + 128
+// directly, taking 128 times the activations' sum off in the epilogue (as Q4_0's offset 8)
+// instead of the |w| x sign(x, w) trick. The integer sums are the same, so are the results.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -40,9 +47,24 @@
 #include "backend/cpu/thread_pool.h"
 #include "util/check.h"
 
+#ifndef SPECDEC_PACKED_VNNI
+#define SPECDEC_PACKED_VNNI 0
+#endif
+
 namespace specdec {
 namespace detail {
 namespace {
+
+constexpr bool kVnni = SPECDEC_PACKED_VNNI != 0;
+
+// acc + the four-byte dot products of u8 lanes with s8 lanes (vpdpbusd); used only where kVnni.
+#if SPECDEC_PACKED_VNNI
+[[gnu::always_inline]] inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) {
+  return _mm256_dpbusd_avx_epi32(acc, u8, s8);
+}
+#else
+[[noreturn]] inline __m256i dpbusd(__m256i, __m256i, __m256i) { __builtin_trap(); }
+#endif
 
 template <GgmlType T>
 struct Packed {
@@ -52,10 +74,12 @@ struct Packed {
   static constexpr bool kFiveBit = kFormat.five_bit;
   static constexpr bool kSix = kFormat.six_bit;  // Q6_K: two sub-blocks of 16 per 32
   static constexpr int kCodeBytes = static_cast<int>(kFormat.code_bytes);
-  // The code offset of the sub-block view (Q8_0 runs on signed codes: no offset correction).
+  // The code offset of the sub-block view (Q8_0 runs on signed codes on AVX2: no offset
+  // correction; on AVX-VNNI on its stored codes q + 128).
   static constexpr int kOffset = T == GgmlType::kQ4_0   ? 8
                                  : T == GgmlType::kQ5_0 ? 16
                                  : T == GgmlType::kQ6_K ? 32
+                                 : T == GgmlType::kQ8_0 && kVnni ? 128
                                                         : 0;
 };
 
@@ -179,7 +203,7 @@ template <GgmlType T>
 inline __m256 epilogue(__m256i isum, __m256 dw, __m256 mw, const float* dt, const float* et,
                        __m256 facc) {
   using P = Packed<T>;
-  if constexpr (!P::kMin && !P::kEightBit) {
+  if constexpr (!P::kMin && P::kOffset != 0) {
     int32_t corr;
     std::memcpy(&corr, et, 4);
     isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr));
@@ -201,7 +225,30 @@ template <GgmlType T, int R>
                                                     const float* et, __m256* facc) {
   using P = Packed<T>;
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (P::kEightBit) {
+  if constexpr (P::kEightBit && kVnni) {
+    // The stored codes q + 128 against x, the offset taken off in the epilogue. Groups in two
+    // halves of 4, as below.
+    __m256i part[R];
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      __m256i w[4];
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        w[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 64 * (4 * half + k)));
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        __m256i acc = half == 0 ? _mm256_setzero_si256() : part[i];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) acc = dpbusd(acc, w[k], bcast32(xt + 32 * (4 * half + k) + 4 * i));
+        if (half == 0) {
+          part[i] = acc;
+        } else {
+          facc[i] = epilogue<T>(acc, dw, mw, dt + i, et + i, facc[i]);
+        }
+      }
+    }
+  } else if constexpr (P::kEightBit) {
     // Codes are q + 128: back to signed q, then |q| x sign(x, q), widened per group. Groups in
     // two halves of 4 (8 registers of weights); the first half's sums wait in `part`.
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -247,6 +294,16 @@ template <GgmlType T, int R>
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
+      if constexpr (kVnni) {  // two chains of 4 (4- and 5-bit codes alike: s32 sums)
+        auto x = [&](int g) { return bcast32(xt + 32 * g + 4 * i); };
+        const __m256i zero = _mm256_setzero_si256();
+        const __m256i c0 = dpbusd(dpbusd(dpbusd(dpbusd(zero, lo[0], x(0)), hi[0], x(4)), lo[1], x(1)),
+                                  hi[1], x(5));
+        const __m256i c1 = dpbusd(dpbusd(dpbusd(dpbusd(zero, lo[2], x(2)), hi[2], x(6)), lo[3], x(3)),
+                                  hi[3], x(7));
+        facc[i] = epilogue<T>(_mm256_add_epi32(c0, c1), dw, mw, dt + i, et + i, facc[i]);
+        continue;
+      }
       __m256i s[4];
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
@@ -316,6 +373,10 @@ inline void sub_block_six(const uint8_t* codes, __m256 dwa, __m256 dwb, const in
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i) {
     auto pair = [&](const __m256i* w, int g) {  // groups g, g + 1 against w[0], w[1], to s32
+      if constexpr (kVnni) {
+        return dpbusd(dpbusd(_mm256_setzero_si256(), w[0], bcast32(xt + 32 * g + 4 * i)), w[1],
+                      bcast32(xt + 32 * (g + 1) + 4 * i));
+      }
       return _mm256_madd_epi16(
           _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast32(xt + 32 * g + 4 * i)),
                            _mm256_maddubs_epi16(w[1], bcast32(xt + 32 * (g + 1) + 4 * i))),
@@ -603,8 +664,13 @@ void packed_matmul(const WeightMatrix& w, const float* x, int64_t n, float* y, T
 
 }  // namespace
 
+#if SPECDEC_PACKED_VNNI
+void packed_matmul_avxvnni(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                           ThreadPool* pool) {
+#else
 void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y,
                         ThreadPool* pool) {
+#endif
   switch (w.type) {
     case GgmlType::kQ4_0:
       return packed_matmul<GgmlType::kQ4_0>(w, x, n, y, pool);
@@ -625,6 +691,7 @@ void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float*
   }
 }
 
+#if !SPECDEC_PACKED_VNNI  // one prefetch for both levels
 void packed_prefetch_avx2(const WeightMatrix& w, int ti, int nt, int64_t max_bytes) {
   const int64_t blocks = (w.rows + kPackRows - 1) / kPackRows;
   const int64_t first = StealingSplit::stretch_begin(blocks, ti, nt);
@@ -632,6 +699,7 @@ void packed_prefetch_avx2(const WeightMatrix& w, int ti, int nt, int64_t max_byt
   prefetch_range<_MM_HINT_T1>(w.packed + first * w.packed_block_bytes,
                               std::min(max_bytes, (end - first) * w.packed_block_bytes));
 }
+#endif
 
 }  // namespace detail
 }  // namespace specdec

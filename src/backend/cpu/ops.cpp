@@ -19,6 +19,7 @@ const OpsKernels& ops_kernels_for(Isa isa, bool checked) {
     case Isa::kAvx512:
       return ops_kernels_avx512();
     case Isa::kAvx2:
+    case Isa::kAvxVnni:  // the AVX2 kernels (AVX-VNNI changes only the int8 matmuls)
       return ops_kernels_avx2();
     case Isa::kScalar:
       break;

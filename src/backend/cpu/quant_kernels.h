@@ -50,6 +50,10 @@ void packed_prefetch_avx512(const WeightMatrix& w, int ti, int nt, int64_t max_b
 // kPackedPanelMinRows rows and for packed-only matrices) and its matmul_prefetch().
 void packed_matmul_avx2(const WeightMatrix& w, const float* x, int64_t n, float* y,
                         ThreadPool* pool);
+// The same kernel compiled with AVX-VNNI (matmul_packed_avxvnni.cpp): vpdpbusd for the dot
+// products, bitwise the same results.
+void packed_matmul_avxvnni(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                           ThreadPool* pool);
 void packed_prefetch_avx2(const WeightMatrix& w, int ti, int nt, int64_t max_bytes);
 
 // Per-ISA activation quantization (exposed so tests can check it against the reference).

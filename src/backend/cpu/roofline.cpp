@@ -96,12 +96,14 @@ double best_rate(LoopFn loop, ThreadPool* pool) {
   return best;
 }
 
-LoopFn pick(Isa isa, LoopFn scalar, LoopFn avx2, LoopFn avx512) {
+LoopFn pick(Isa isa, LoopFn scalar, LoopFn avx2, LoopFn avx512, LoopFn avxvnni = nullptr) {
   if (!isa_supported(isa))
     throw Error(std::string("roofline: ") + isa_name(isa) + " not supported");
   switch (isa) {
     case Isa::kAvx512:
       return avx512;
+    case Isa::kAvxVnni:
+      return avxvnni != nullptr ? avxvnni : avx2;
     case Isa::kAvx2:
       return avx2;
     default:
@@ -118,7 +120,8 @@ double measure_peak_gflops(Isa isa, ThreadPool* pool) {
 }
 
 double measure_peak_int8_gops(Isa isa, ThreadPool* pool) {
-  return best_rate(pick(isa, int8_loop_scalar, detail::int8_loop_avx2, detail::int8_loop_avx512),
+  return best_rate(pick(isa, int8_loop_scalar, detail::int8_loop_avx2, detail::int8_loop_avx512,
+                        detail::int8_loop_avxvnni),
                    pool) *
          1e-9;
 }

@@ -30,6 +30,7 @@ double fma_loop_avx2(long iters, double* ops_per_iter);
 double fma_loop_avx512(long iters, double* ops_per_iter);
 double int8_loop_avx2(long iters, double* ops_per_iter);
 double int8_loop_avx512(long iters, double* ops_per_iter);
+double int8_loop_avxvnni(long iters, double* ops_per_iter);
 double read_sum_avx2(const void* data, long bytes);
 double read_sum_avx512(const void* data, long bytes);
 }  // namespace detail

@@ -32,6 +32,7 @@ void gemm_tile(Isa isa, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t 
       detail::train_gemm_tile_avx512(i0, i1, j0, j1, k, a, b, c, ldc, accumulate);
       return;
     case Isa::kAvx2:
+    case Isa::kAvxVnni:
       detail::train_gemm_tile_avx2(i0, i1, j0, j1, k, a, b, c, ldc, accumulate);
       return;
     case Isa::kScalar:

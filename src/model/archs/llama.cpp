@@ -379,7 +379,7 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
     auto stack_ok = [&](const WeightMatrix& stack) {
       return stack.packed != nullptr &&
              (active_isa() == Isa::kAvx512 ||
-              (active_isa() == Isa::kAvx2 && n < detail::kPackedPanelMinRows &&
+              (isa_avx2_class(active_isa()) && n < detail::kPackedPanelMinRows &&
                avx2_reads_packed(stack.type)));
     };
     const bool stacked_qkv = stack_ok(w.qkv);
