@@ -59,6 +59,9 @@ class Sampler {
   float penalize(std::span<const float> logits, std::span<const int32_t> history) const;
   // The first token whose penalized logit equals `max`.
   int32_t first_max(float max) const;
+  // Greedy choice without a repetition penalty: the first largest logit, read in place (the
+  // same checks and errors as penalize()).
+  int32_t greedy_unpenalized(std::span<const float> logits) const;
   // Fills candidates_ with every token, the best `need` or more of them first (n_front_).
   void start_sorting(int64_t need) const;
   // Sorts candidates_ far enough that candidates_[0, m) are the m best of candidates_[0, n), in

@@ -128,6 +128,41 @@ TEST(Sampler, GreedyIsArgmaxFirstOnTies) {
   }
 }
 
+// Greedy without a penalty reads the logits in place on 8 lanes: the first of tied maxima
+// whatever lanes (or the tail past the last full 8) they fall in, the same token as with a
+// penalty that touches nothing, and the same errors.
+TEST(Sampler, GreedyFirstMaxAcrossLanesAndTail) {
+  SamplingParams params;  // temperature 0
+  Sampler plain(params);
+  params.repetition_penalty = 1.3f;
+  Sampler penalized(params);
+  const std::vector<int32_t> far_token = {0};  // penalizes token 0, which never wins below
+  for (int n : {1, 7, 8, 9, 17, 49155}) {
+    for (int first = 1; first < std::min(n, 40); first += 3) {
+      for (int gap : {1, 3, 8, 16}) {
+        std::vector<float> l(static_cast<size_t>(n), -5.0f);
+        l[static_cast<size_t>(first)] = 7.0f;
+        if (first + gap < n) l[static_cast<size_t>(first + gap)] = 7.0f;
+        l[static_cast<size_t>(n - 1)] = first == n - 1 ? 7.0f : 7.0f - 1e-6f;
+        ASSERT_EQ(plain.sample(l, {}), first) << "n " << n << " gap " << gap;
+        ASSERT_EQ(penalized.sample(l, far_token), first) << "n " << n << " gap " << gap;
+      }
+    }
+    if (n > 1) {  // the maximum in the tail only
+      std::vector<float> l(static_cast<size_t>(n), 0.0f);
+      l[static_cast<size_t>(n - 1)] = 1.0f;
+      EXPECT_EQ(plain.sample(l, {}), n - 1);
+    }
+  }
+  std::vector<float> bad(100, 0.0f);
+  bad[93] = NAN;
+  EXPECT_THROW(plain.sample(bad, {}), Error);
+  bad[93] = -INFINITY;
+  EXPECT_EQ(plain.sample(bad, {}), 0);
+  EXPECT_THROW(plain.sample(std::vector<float>(9, -INFINITY), {}), Error);
+  EXPECT_THROW(plain.sample(std::vector<float>{}, {}), Error);
+}
+
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDifferent) {
   std::mt19937 gen(2);
   const std::vector<float> logits = random_logits(gen, 200, 1.0f);
