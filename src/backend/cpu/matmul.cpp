@@ -2,6 +2,7 @@
 // dequantize_row(): one row to floats through the common sub-block view.
 #include "backend/cpu/matmul.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -87,15 +88,19 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
   }
   // AVX2: the packed kernel below kPackedPanelMinRows rows (and for a packed-only stack), the
   // tile kernel on the file's rows for a prefill.
-  // AVX-VNNI: the same with vpdpbusd.
-  if (isa_avx2_class(isa) && w.packed != nullptr && avx2_reads_packed(w.type) &&
-      (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
-    SPECDEC_CHECK(isa_supported(isa), "matmul_isa: the ISA variant is not supported here");
-    if (isa == Isa::kAvxVnni) {
-      detail::packed_matmul_avxvnni(w, x, n, y, pool);
-    } else {
-      detail::packed_matmul_avx2(w, x, n, y, pool);
+  // AVX-VNNI: the same kernel with vpdpbusd, for every n (prefill in slabs of rows).
+  if (isa == Isa::kAvxVnni && w.packed != nullptr && avx2_reads_packed(w.type)) {
+    SPECDEC_CHECK(isa_supported(isa), "matmul_isa: AVX-VNNI not supported here");
+    for (int64_t i0 = 0; i0 < n; i0 += detail::kVnniPrefillSlab) {
+      const int64_t rows = std::min(detail::kVnniPrefillSlab, n - i0);
+      detail::packed_matmul_avxvnni(w, x + i0 * w.cols, rows, y + i0 * w.rows, pool);
     }
+    return;
+  }
+  if (isa == Isa::kAvx2 && w.packed != nullptr && avx2_reads_packed(w.type) &&
+      (n < detail::kPackedPanelMinRows || w.data == nullptr)) {
+    SPECDEC_CHECK(isa_supported(isa), "matmul_isa: AVX2 not supported here");
+    detail::packed_matmul_avx2(w, x, n, y, pool);
     return;
   }
   if (w.data == nullptr) {

@@ -156,9 +156,10 @@ void LlamaModel::load_weights() {
 
 // On machines with the AVX-512 or AVX2 kernels, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K
 // matrices get a packed copy (packed_weights.h); Q/K/V and gate/up are stacked into one matrix
-// each (AVX-512 passes use the stacks; AVX2 passes below kPackedPanelMinRows rows too for the
-// types its kernels read packed, avx2_reads_packed; otherwise each part from the file's rows). The
-// file's own bytes stay mapped for the other kernels (prefill on AVX2, and the embedding lookup).
+// each (AVX-512 and AVX-VNNI passes use the stacks; AVX2 passes below kPackedPanelMinRows rows
+// too for the types its kernels read packed, avx2_reads_packed; otherwise each part from the
+// file's rows). The file's own bytes stay mapped for the other kernels (prefill on AVX2, and the
+// embedding lookup).
 // SPECDEC_PACKED_WEIGHTS=0 turns packing off (for comparisons).
 void LlamaModel::pack_weights() {
   const char* env = std::getenv("SPECDEC_PACKED_WEIGHTS");
@@ -374,13 +375,15 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
       });
     }
     dump("attn_norm", l, xn, n, c.dim);
-    // The stacked Q/K/V and gate/up matrices exist only packed: AVX-512 reads them at any n,
-    // AVX2 below the row count where prefill's tile kernel (on the file's rows) takes over.
+    // The stacked Q/K/V and gate/up matrices exist only packed: AVX-512 and AVX-VNNI read them
+    // at any n, AVX2 below the row count where prefill's tile kernel (on the file's rows) takes
+    // over.
     auto stack_ok = [&](const WeightMatrix& stack) {
+      const Isa isa = active_isa();
       return stack.packed != nullptr &&
-             (active_isa() == Isa::kAvx512 ||
-              (isa_avx2_class(active_isa()) && n < detail::kPackedPanelMinRows &&
-               avx2_reads_packed(stack.type)));
+             (isa == Isa::kAvx512 ||
+              (isa_avx2_class(isa) && avx2_reads_packed(stack.type) &&
+               (isa == Isa::kAvxVnni || n < detail::kPackedPanelMinRows)));
     };
     const bool stacked_qkv = stack_ok(w.qkv);
     const int64_t width = c.q_dim() + 2 * kv_row;
