@@ -5,7 +5,8 @@
 // Built by CMake as build/bench_matmul (bench/micro/*.cpp), or by hand from the repository root:
 //   g++ -O2 -std=c++20 -Isrc bench/micro/bench_matmul.cpp build-kernels/libspecdec_core.a
 //       -lpthread -o build-kernels/bench_matmul
-// Run: build-kernels/bench_matmul [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R] [--quick]
+// Run: build-kernels/bench_matmul [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R]
+//        [--quick]
 //        [--packed]   (AVX-512: Q4_0 / Q4_1 / Q8_0 / Q4_K matrices in the packed layout, as the
 //        model
 //                      loads them; see backend/cpu/packed_weights.h)

@@ -149,7 +149,6 @@ float Sampler::penalize(std::span<const float> logits, std::span<const int32_t> 
   return max;
 }
 
-
 int32_t Sampler::greedy_unpenalized(std::span<const float> logits) const {
   const int64_t n = static_cast<int64_t>(logits.size());
   if (n == 0) throw Error("sampler: the logits are empty (n_vocab = 0)");
@@ -169,7 +168,8 @@ int32_t Sampler::greedy_unpenalized(std::span<const float> logits) const {
 }
 
 int32_t Sampler::first_max(float max) const {
-  return static_cast<int32_t>(first_index_of(logits_.data(), static_cast<int64_t>(logits_.size()), max));
+  return static_cast<int32_t>(
+      first_index_of(logits_.data(), static_cast<int64_t>(logits_.size()), max));
 }
 
 namespace {
@@ -342,8 +342,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   if (params_.greedy()) {
     // Without a penalty the logits are read in place, once (no copy: a decode step's sampling
     // was ~60 us of SmolLM2's 49,152 logits); the same token as first_max(penalize(...)).
-    const bool penalty = params_.repetition_penalty != 1.0f && params_.repeat_last_n != 0 &&
-                         !history.empty();
+    const bool penalty =
+        params_.repetition_penalty != 1.0f && params_.repeat_last_n != 0 && !history.empty();
     if (!penalty) return greedy_unpenalized(logits);
     return first_max(penalize(logits, history));
   }

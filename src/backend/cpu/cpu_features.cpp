@@ -21,7 +21,7 @@ namespace {
 
 struct CpuFeatures {
   bool avx2 = false;    // AVX2 + FMA + F16C + BMI2, OS saves YMM
-  bool avxvnni = false; // the AVX2 set + AVX-VNNI (VEX vpdpbusd)
+  bool avxvnni = false;  // the AVX2 set + AVX-VNNI (VEX vpdpbusd)
   bool avx512 = false;  // AVX-512 F/BW/VL/DQ/VNNI (+ the AVX2 set), OS saves ZMM and opmasks
 };
 

@@ -63,7 +63,9 @@ constexpr bool kVnni = SPECDEC_PACKED_VNNI != 0;
   return _mm256_dpbusd_avx_epi32(acc, u8, s8);
 }
 #else
-[[noreturn]] inline __m256i dpbusd(__m256i, __m256i, __m256i) { __builtin_trap(); }
+[[noreturn]] inline __m256i dpbusd(__m256i, __m256i, __m256i) {
+  __builtin_trap();
+}
 #endif
 
 template <GgmlType T>
@@ -76,11 +78,11 @@ struct Packed {
   static constexpr int kCodeBytes = static_cast<int>(kFormat.code_bytes);
   // The code offset of the sub-block view (Q8_0 runs on signed codes on AVX2: no offset
   // correction; on AVX-VNNI on its stored codes q + 128).
-  static constexpr int kOffset = T == GgmlType::kQ4_0   ? 8
-                                 : T == GgmlType::kQ5_0 ? 16
-                                 : T == GgmlType::kQ6_K ? 32
+  static constexpr int kOffset = T == GgmlType::kQ4_0            ? 8
+                                 : T == GgmlType::kQ5_0          ? 16
+                                 : T == GgmlType::kQ6_K          ? 32
                                  : T == GgmlType::kQ8_0 && kVnni ? 128
-                                                        : 0;
+                                                                 : 0;
 };
 
 constexpr int64_t kMaxTile = 8;  // activation rows per pass over a half block
@@ -240,7 +242,8 @@ template <GgmlType T, int R>
       for (int i = 0; i < R; ++i) {
         __m256i acc = half == 0 ? _mm256_setzero_si256() : part[i];
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) acc = dpbusd(acc, w[k], bcast32(xt + 32 * (4 * half + k) + 4 * i));
+        for (int k = 0; k < 4; ++k)
+          acc = dpbusd(acc, w[k], bcast32(xt + 32 * (4 * half + k) + 4 * i));
         if (half == 0) {
           part[i] = acc;
         } else {
@@ -297,10 +300,10 @@ template <GgmlType T, int R>
       if constexpr (kVnni) {  // two chains of 4 (4- and 5-bit codes alike: s32 sums)
         auto x = [&](int g) { return bcast32(xt + 32 * g + 4 * i); };
         const __m256i zero = _mm256_setzero_si256();
-        const __m256i c0 = dpbusd(dpbusd(dpbusd(dpbusd(zero, lo[0], x(0)), hi[0], x(4)), lo[1], x(1)),
-                                  hi[1], x(5));
-        const __m256i c1 = dpbusd(dpbusd(dpbusd(dpbusd(zero, lo[2], x(2)), hi[2], x(6)), lo[3], x(3)),
-                                  hi[3], x(7));
+        const __m256i c0 = dpbusd(
+            dpbusd(dpbusd(dpbusd(zero, lo[0], x(0)), hi[0], x(4)), lo[1], x(1)), hi[1], x(5));
+        const __m256i c1 = dpbusd(
+            dpbusd(dpbusd(dpbusd(zero, lo[2], x(2)), hi[2], x(6)), lo[3], x(3)), hi[3], x(7));
         facc[i] = epilogue<T>(_mm256_add_epi32(c0, c1), dw, mw, dt + i, et + i, facc[i]);
         continue;
       }

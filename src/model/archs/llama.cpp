@@ -381,9 +381,8 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
     auto stack_ok = [&](const WeightMatrix& stack) {
       const Isa isa = active_isa();
       return stack.packed != nullptr &&
-             (isa == Isa::kAvx512 ||
-              (isa_avx2_class(isa) && avx2_reads_packed(stack.type) &&
-               (isa == Isa::kAvxVnni || n < detail::kPackedPanelMinRows)));
+             (isa == Isa::kAvx512 || (isa_avx2_class(isa) && avx2_reads_packed(stack.type) &&
+                                      (isa == Isa::kAvxVnni || n < detail::kPackedPanelMinRows)));
     };
     const bool stacked_qkv = stack_ok(w.qkv);
     const int64_t width = c.q_dim() + 2 * kv_row;
