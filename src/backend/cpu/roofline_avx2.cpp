@@ -1,6 +1,8 @@
-// AVX2 loops for roofline.cpp: 12 independent ymm FMA / vpmaddubsw chains, and a
-// 4-accumulator streaming read.
+// AVX2 loops for roofline.cpp: 12 independent ymm FMA / vpmaddubsw (or AVX-VNNI vpdpbusd)
+// chains, and a 4-accumulator streaming read.
 #include <immintrin.h>
+
+#include <cstdint>
 
 #include "backend/cpu/roofline.h"
 
@@ -29,27 +31,45 @@ double fma_loop_avx2(long iters, double* ops_per_iter) {
   return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
 }
 
-// vpmaddubsw: 32 u8 x s8 products per instruction (summed in pairs into s16 lanes).
-double int8_loop_avx2(long iters, double* ops_per_iter) {
+// The int8 loops: 12 independent chains of one instruction that does 32 u8 x s8 products.
+// AVX2: vpmaddubsw (pair sums into s16 lanes); AVX-VNNI: the VEX-encoded vpdpbusd (sums of four
+// added into s32 lanes). The instruction is inline assembly, so this file needs no AVX-VNNI
+// flag; the loop runs only where the CPU has it (roofline.cpp).
+template <bool kVnni>
+double int8_loop(long iters, double* ops_per_iter) {
   *ops_per_iter = 12.0 * 32 * 2;
 #define DECL(i) __m256i a##i = _mm256_set1_epi8(static_cast<char>(i + 1));
   SPECDEC_REP12(DECL)
 #undef DECL
-  const __m256i s8 = _mm256_set1_epi8(1);
+  const __m256i u8 = _mm256_set1_epi8(3), s8 = _mm256_set1_epi8(1);
   for (long it = 0; it < iters; ++it) {
-#define STEP(i) __asm__("vpmaddubsw %1, %0, %0" : "+x"(a##i) : "x"(s8));
-    SPECDEC_REP12(STEP)
+    if constexpr (kVnni) {
+#define STEP(i) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(a##i) : "x"(u8), "x"(s8));
+      SPECDEC_REP12(STEP)
 #undef STEP
+    } else {
+#define STEP(i) __asm__("vpmaddubsw %1, %0, %0" : "+x"(a##i) : "x"(s8));
+      SPECDEC_REP12(STEP)
+#undef STEP
+    }
   }
   __m256i s = _mm256_setzero_si256();
-#define SUM(i) s = _mm256_add_epi16(s, a##i);
+#define SUM(i) s = _mm256_xor_si256(s, a##i);
   SPECDEC_REP12(SUM)
 #undef SUM
-  alignas(32) int16_t out[16];
+  alignas(32) int32_t out[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(out), s);
   double t = 0;
-  for (int16_t v : out) t += v;
+  for (int32_t v : out) t += v;
   return t;
+}
+
+double int8_loop_avx2(long iters, double* ops_per_iter) {
+  return int8_loop<false>(iters, ops_per_iter);
+}
+
+double int8_loop_avxvnni(long iters, double* ops_per_iter) {
+  return int8_loop<true>(iters, ops_per_iter);
 }
 
 double read_sum_avx2(const void* data, long bytes) {
