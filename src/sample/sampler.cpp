@@ -103,6 +103,127 @@ int64_t first_index_of(const float* x, int64_t n, float value) {
   return b;
 }
 
+// e^x for x <= 0 on four lanes, in SSE2 with separate multiplies and adds, so that every x86-64
+// CPU gives the same bits: x = k ln2 + r with |r| <= ln2 / 2 (Cody-Waite, ln2 in two parts),
+// Cephes' polynomial for e^r (relative error ~1e-7), 2^k from the exponent bits; 0 below -87.3
+// (where e^x would be subnormal) and for -inf.
+inline __m128 exp_nonpositive(__m128 x) {
+  const __m128 live = _mm_cmpge_ps(x, _mm_set1_ps(-87.3f));
+  x = _mm_max_ps(x, _mm_set1_ps(-87.3f));
+  const __m128 fx =
+      _mm_add_ps(_mm_mul_ps(x, _mm_set1_ps(1.44269504088896341f)), _mm_set1_ps(0.5f));
+  __m128 k = _mm_cvtepi32_ps(_mm_cvttps_epi32(fx));  // floor(fx): truncation, then one down
+  k = _mm_sub_ps(k, _mm_and_ps(_mm_cmpgt_ps(k, fx), _mm_set1_ps(1.0f)));
+  __m128 r = _mm_sub_ps(x, _mm_mul_ps(k, _mm_set1_ps(0.693359375f)));
+  r = _mm_sub_ps(r, _mm_mul_ps(k, _mm_set1_ps(-2.12194440e-4f)));
+  __m128 y = _mm_set1_ps(1.9875691500e-4f);
+  y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(1.3981999507e-3f));
+  y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(8.3334519073e-3f));
+  y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(4.1665795894e-2f));
+  y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(1.6666665459e-1f));
+  y = _mm_add_ps(_mm_mul_ps(y, r), _mm_set1_ps(5.0000001201e-1f));
+  y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(y, _mm_mul_ps(r, r)), r), _mm_set1_ps(1.0f));
+  const __m128i pow2k =
+      _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(k), _mm_set1_epi32(127)), 23);
+  return _mm_and_ps(_mm_mul_ps(y, _mm_castsi128_ps(pow2k)), live);
+}
+
+float exp_one(float x) {
+  alignas(16) float v[4];
+  _mm_store_ps(v, exp_nonpositive(_mm_set1_ps(x)));
+  return v[0];
+}
+
+// Σ e^((l_i - max) / t) over the tokens with l_i >= threshold (the others count 0), each term
+// also stored to out[i] where out is given: the softmax numerators of the whole vocabulary.
+// Four float lanes, summed in four double lanes (fixed order: the same on every machine).
+double exp_sum(const float* l, int64_t n, float max, float t, float threshold, float* out) {
+  const __m128 vmax = _mm_set1_ps(max), vt = _mm_set1_ps(t), vthr = _mm_set1_ps(threshold);
+  __m128d s01 = _mm_setzero_pd(), s23 = _mm_setzero_pd();
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m128 li = _mm_loadu_ps(l + i);
+    const __m128 e = _mm_and_ps(exp_nonpositive(_mm_div_ps(_mm_sub_ps(li, vmax), vt)),
+                                _mm_cmpge_ps(li, vthr));
+    if (out != nullptr) _mm_storeu_ps(out + i, e);
+    s01 = _mm_add_pd(s01, _mm_cvtps_pd(e));
+    s23 = _mm_add_pd(s23, _mm_cvtps_pd(_mm_movehl_ps(e, e)));
+  }
+  alignas(16) double lanes[4];
+  _mm_store_pd(lanes, s01);
+  _mm_store_pd(lanes + 2, s23);
+  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < n; ++i) {
+    const float e = l[i] >= threshold ? exp_one((l[i] - max) / t) : 0.0f;
+    if (out != nullptr) out[i] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// x[i] = float(x[i] * a) (the product in double) for i in [0, n).
+void scale_in_double(float* x, int64_t n, double a) {
+  const __m128d va = _mm_set1_pd(a);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m128 e = _mm_loadu_ps(x + i);
+    const __m128 lo = _mm_cvtpd_ps(_mm_mul_pd(_mm_cvtps_pd(e), va));
+    const __m128 hi = _mm_cvtpd_ps(_mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(e, e)), va));
+    _mm_storeu_ps(x + i, _mm_movelh_ps(lo, hi));
+  }
+  for (; i < n; ++i) x[i] = static_cast<float>(x[i] * a);
+}
+
+// The inverse CDF over all of p[0, n) (zeros included, which add nothing): the first token
+// whose cumulative probability passes u x total, where the cumulative runs block by block:
+// each block's sum (double, two lanes) is added whole, and only the block where the target
+// falls is walked token by token (the last token with p > 0 if rounding leaves the target at
+// the total). -1 if no p is positive.
+constexpr int64_t kDrawBlock = 64;
+
+int32_t draw_blocked(const float* p, int64_t n, double u, std::vector<double>* block_sums) {
+  const int64_t blocks = (n + kDrawBlock - 1) / kDrawBlock;
+  block_sums->resize(static_cast<size_t>(blocks));
+  double total = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i0 = b * kDrawBlock, i1 = std::min(n, i0 + kDrawBlock);
+    __m128d s0 = _mm_setzero_pd(), s1 = _mm_setzero_pd();
+    int64_t i = i0;
+    for (; i + 4 <= i1; i += 4) {
+      const __m128 e = _mm_loadu_ps(p + i);
+      s0 = _mm_add_pd(s0, _mm_cvtps_pd(e));
+      s1 = _mm_add_pd(s1, _mm_cvtps_pd(_mm_movehl_ps(e, e)));
+    }
+    alignas(16) double lanes[4];
+    _mm_store_pd(lanes, s0);
+    _mm_store_pd(lanes + 2, s1);
+    double s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for (; i < i1; ++i) s += p[i];
+    (*block_sums)[static_cast<size_t>(b)] = s;
+    total += s;
+  }
+  const double target = u * total;
+  double cumulative = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double s = (*block_sums)[static_cast<size_t>(b)];
+    if (cumulative + s > target) {
+      const int64_t i1 = std::min(n, (b + 1) * kDrawBlock);
+      for (int64_t i = b * kDrawBlock; i < i1; ++i) {
+        if (p[i] <= 0.0f) continue;
+        cumulative += p[i];
+        if (cumulative > target) return static_cast<int32_t>(i);
+      }
+      // Rounding inside the block left the target above it: go on after it.
+      continue;
+    }
+    cumulative += s;
+  }
+  for (int64_t i = n - 1; i >= 0; --i) {
+    if (p[i] > 0.0f) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
 }  // namespace
 
 float Sampler::penalize(std::span<const float> logits, std::span<const int32_t> history) const {
@@ -287,7 +408,7 @@ void Sampler::distribution(std::span<const float> logits, std::span<const int32_
     if (sorted) {
       for (int64_t c = 0; c < n_kept; ++c) z += std::exp(cand[c].logit - max);
     } else {
-      for (int64_t i = 0; i < n; ++i) z += std::exp(l[i] - max);
+      z = exp_sum(l, n, max, 1.0f, -std::numeric_limits<float>::infinity(), nullptr);
       start_sorting(64);
       sorted = true;
       cand = candidates_.data();
@@ -325,14 +446,8 @@ void Sampler::distribution(std::span<const float> logits, std::span<const int32_
       p[cand[c].id] = static_cast<float>(p[cand[c].id] * inv_sum);
     }
   } else {
-    for (int64_t i = 0; i < n; ++i) {
-      if (l[i] >= threshold) {
-        p[i] = std::exp((l[i] - max) / temperature);
-        sum += p[i];
-      }
-    }
-    const double inv_sum = 1.0 / sum;
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] * inv_sum);
+    sum = exp_sum(l, n, max, temperature, threshold, p);
+    scale_in_double(p, n, 1.0 / sum);
   }
   kept_sorted_ = sorted;
   n_kept_ = n_kept;
@@ -379,12 +494,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       }
     });
   } else {
-    const int32_t n = static_cast<int32_t>(probs_.size());
-    token = draw([&](auto&& visit) {
-      for (int32_t i = 0; i < n; ++i) {
-        if (p[i] > 0.0f && visit(i)) return;
-      }
-    });
+    token = draw_blocked(p, static_cast<int64_t>(probs_.size()), rng_.uniform(), &block_sums_);
   }
   SPECDEC_CHECK(token >= 0, "sampler: the distribution has no positive probability");
   return token;

@@ -82,6 +82,7 @@ class Sampler {
   mutable std::vector<uint8_t> penalized_;  // [n_vocab] 1 while a token's penalty is applied
   std::vector<float> probs_;                // [n_vocab] scratch of sample()
   std::vector<int32_t> kept_ids_;           // [n_kept] scratch of sample()
+  std::vector<double> block_sums_;          // [n_vocab / 64] scratch of sample()
 };
 
 }  // namespace specdec

@@ -500,30 +500,40 @@ TEST(Sampler, FrequenciesMatchDistribution) {
 }
 
 // sample() is one uniform per draw, inverse CDF over `distribution` in token order.
+// Each sampler path's draw is the inverse CDF of its distribution: the sorted kept set (top-p)
+// and the whole vocabulary walked block by block (no top-k / top-p: 1,000 tokens, blocks of 64
+// and a tail of 40; with min-p, blocks of zeros among them).
 TEST(Sampler, SampleIsInverseCdfOfDistribution) {
   std::mt19937 gen(6);
-  SamplingParams p;
-  p.temperature = 1.1f;
-  p.top_p = 0.9f;
-  p.seed = 99;
-  Sampler s(p);
-  for (int trial = 0; trial < 200; ++trial) {
-    const std::vector<float> logits = random_logits(gen, 300, 1.5f);
-    std::vector<float> probs;
-    s.distribution(logits, {}, &probs);
-    Rng copy = s.rng();
-    const double u = copy.uniform();
-    double total = 0;
-    for (float q : probs) total += q;
-    double cum = 0;
-    int32_t want = -1;
-    for (int32_t i = 0; i < 300 && want < 0; ++i) {
-      if (probs[i] <= 0) continue;
-      cum += probs[i];
-      if (cum > u * total) want = i;
+  struct Case {
+    float top_p, min_p;
+    int vocab;
+  };
+  for (const Case& c : {Case{0.9f, 0.0f, 300}, Case{1.0f, 0.0f, 1000}, Case{1.0f, 0.3f, 1000}}) {
+    SamplingParams p;
+    p.temperature = 1.1f;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    p.seed = 99;
+    Sampler s(p);
+    for (int trial = 0; trial < 200; ++trial) {
+      const std::vector<float> logits = random_logits(gen, c.vocab, 1.5f);
+      std::vector<float> probs;
+      s.distribution(logits, {}, &probs);
+      Rng copy = s.rng();
+      const double u = copy.uniform();
+      double total = 0;
+      for (float q : probs) total += q;
+      double cum = 0;
+      int32_t want = -1;
+      for (int32_t i = 0; i < c.vocab && want < 0; ++i) {
+        if (probs[i] <= 0) continue;
+        cum += probs[i];
+        if (cum > u * total) want = i;
+      }
+      ASSERT_EQ(s.sample(logits, {}), want) << "top_p " << c.top_p << " min_p " << c.min_p;
+      ASSERT_TRUE(s.rng() == copy) << "exactly one uniform per draw";
     }
-    ASSERT_EQ(s.sample(logits, {}), want);
-    ASSERT_TRUE(s.rng() == copy) << "exactly one uniform per draw";
   }
 }
 
