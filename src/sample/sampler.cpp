@@ -343,13 +343,30 @@ int64_t split_best(const Get& get, int64_t n, int64_t need, Candidate* out) {
 
 }  // namespace
 
-void Sampler::start_sorting(int64_t need) const {
+int64_t Sampler::start_sorting(int64_t need, float floor) const {
   const int64_t n = static_cast<int64_t>(logits_.size());
   candidates_.resize(static_cast<size_t>(n));
   const float* l = logits_.data();
-  auto get = [l](int64_t i) { return Candidate{l[i], static_cast<int32_t>(i)}; };
-  n_front_ = split_best(get, n, std::max<int64_t>(need, 64), candidates_.data());
+  int64_t m = n;
+  const Candidate* src = nullptr;
+  if (floor > -std::numeric_limits<float>::infinity()) {  // the tokens at or above the floor
+    spill_.resize(static_cast<size_t>(n));
+    m = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      spill_[static_cast<size_t>(m)] = Candidate{l[i], static_cast<int32_t>(i)};
+      m += l[i] >= floor;
+    }
+    src = spill_.data();
+  }
+  if (src != nullptr) {
+    n_front_ = split_best([src](int64_t i) { return src[i]; }, m, std::max<int64_t>(need, 64),
+                          candidates_.data());
+  } else {
+    auto get = [l](int64_t i) { return Candidate{l[i], static_cast<int32_t>(i)}; };
+    n_front_ = split_best(get, n, std::max<int64_t>(need, 64), candidates_.data());
+  }
   n_sorted_ = 0;
+  return m;
 }
 
 void Sampler::ensure_sorted(int64_t m, int64_t n) const {
@@ -409,7 +426,13 @@ void Sampler::distribution(std::span<const float> logits, std::span<const int32_
       for (int64_t c = 0; c < n_kept; ++c) z += std::exp(cand[c].logit - max);
     } else {
       z = exp_sum(l, n, max, 1.0f, -std::numeric_limits<float>::infinity(), nullptr);
-      start_sorting(64);
+      // Only tokens within log((1 - top_p) / (2 n)) of the largest logit can be in the kept
+      // set: the others together hold at most (1 - top_p) / 2 of z (each at most that share
+      // of the largest token's e^0 = 1 <= z), so the tokens above the floor already hold more
+      // than top_p of it, and the kept set, a prefix in the same order, ends among them.
+      const float floor =
+          max + std::log((1.0f - params_.top_p) / (2.0f * static_cast<float>(n)));
+      n_kept = start_sorting(64, floor);
       sorted = true;
       cand = candidates_.data();
     }

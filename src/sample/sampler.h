@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -62,8 +63,10 @@ class Sampler {
   // Greedy choice without a repetition penalty: the first largest logit, read in place (the
   // same checks and errors as penalize()).
   int32_t greedy_unpenalized(std::span<const float> logits) const;
-  // Fills candidates_ with every token, the best `need` or more of them first (n_front_).
-  void start_sorting(int64_t need) const;
+  // Fills candidates_ with every token whose logit is >= floor (all of them by default; returns
+  // how many), the best `need` or more of them first (n_front_).
+  int64_t start_sorting(int64_t need,
+                        float floor = -std::numeric_limits<float>::infinity()) const;
   // Sorts candidates_ far enough that candidates_[0, m) are the m best of candidates_[0, n), in
   // order (m <= n).
   void ensure_sorted(int64_t m, int64_t n) const;
