@@ -134,25 +134,36 @@ float exp_one(float x) {
   return v[0];
 }
 
+// A sum of floats four at a time in four double lanes, added up in a fixed order at the end.
+struct DoubleLanes {
+  __m128d lo = _mm_setzero_pd(), hi = _mm_setzero_pd();
+  void add(__m128 e) {
+    lo = _mm_add_pd(lo, _mm_cvtps_pd(e));
+    hi = _mm_add_pd(hi, _mm_cvtps_pd(_mm_movehl_ps(e, e)));
+  }
+  double total() const {
+    alignas(16) double v[4];
+    _mm_store_pd(v, lo);
+    _mm_store_pd(v + 2, hi);
+    return (v[0] + v[1]) + (v[2] + v[3]);
+  }
+};
+
 // Σ e^((l_i - max) / t) over the tokens with l_i >= threshold (the others count 0), each term
 // also stored to out[i] where out is given: the softmax numerators of the whole vocabulary.
 // Four float lanes, summed in four double lanes (fixed order: the same on every machine).
 double exp_sum(const float* l, int64_t n, float max, float t, float threshold, float* out) {
   const __m128 vmax = _mm_set1_ps(max), vt = _mm_set1_ps(t), vthr = _mm_set1_ps(threshold);
-  __m128d s01 = _mm_setzero_pd(), s23 = _mm_setzero_pd();
+  DoubleLanes lanes;
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
     const __m128 li = _mm_loadu_ps(l + i);
     const __m128 e = _mm_and_ps(exp_nonpositive(_mm_div_ps(_mm_sub_ps(li, vmax), vt)),
                                 _mm_cmpge_ps(li, vthr));
     if (out != nullptr) _mm_storeu_ps(out + i, e);
-    s01 = _mm_add_pd(s01, _mm_cvtps_pd(e));
-    s23 = _mm_add_pd(s23, _mm_cvtps_pd(_mm_movehl_ps(e, e)));
+    lanes.add(e);
   }
-  alignas(16) double lanes[4];
-  _mm_store_pd(lanes, s01);
-  _mm_store_pd(lanes + 2, s23);
-  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  double sum = lanes.total();
   for (; i < n; ++i) {
     const float e = l[i] >= threshold ? exp_one((l[i] - max) / t) : 0.0f;
     if (out != nullptr) out[i] = e;
@@ -176,7 +187,7 @@ void scale_in_double(float* x, int64_t n, double a) {
 
 // The inverse CDF over all of p[0, n) (zeros included, which add nothing): the first token
 // whose cumulative probability passes u x total, where the cumulative runs block by block:
-// each block's sum (double, two lanes) is added whole, and only the block where the target
+// each block's sum (DoubleLanes) is added whole, and only the block where the target
 // falls is walked token by token (the last token with p > 0 if rounding leaves the target at
 // the total). -1 if no p is positive.
 constexpr int64_t kDrawBlock = 64;
@@ -187,17 +198,10 @@ int32_t draw_blocked(const float* p, int64_t n, double u, std::vector<double>* b
   double total = 0.0;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kDrawBlock, i1 = std::min(n, i0 + kDrawBlock);
-    __m128d s0 = _mm_setzero_pd(), s1 = _mm_setzero_pd();
+    DoubleLanes lanes;
     int64_t i = i0;
-    for (; i + 4 <= i1; i += 4) {
-      const __m128 e = _mm_loadu_ps(p + i);
-      s0 = _mm_add_pd(s0, _mm_cvtps_pd(e));
-      s1 = _mm_add_pd(s1, _mm_cvtps_pd(_mm_movehl_ps(e, e)));
-    }
-    alignas(16) double lanes[4];
-    _mm_store_pd(lanes, s0);
-    _mm_store_pd(lanes + 2, s1);
-    double s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for (; i + 4 <= i1; i += 4) lanes.add(_mm_loadu_ps(p + i));
+    double s = lanes.total();
     for (; i < i1; ++i) s += p[i];
     (*block_sums)[static_cast<size_t>(b)] = s;
     total += s;
