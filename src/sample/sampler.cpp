@@ -103,6 +103,31 @@ int64_t first_index_of(const float* x, int64_t n, float value) {
   return b;
 }
 
+// Throws unless `logits` can be sampled from: a vocabulary of 1 to INT32_MAX tokens.
+void check_vocabulary(std::span<const float> logits) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (n == 0) throw Error("sampler: the logits are empty (n_vocab = 0)");
+  if (n > std::numeric_limits<int32_t>::max()) {
+    throw Error(fmt::format("sampler: n_vocab {} does not fit token ids", n));
+  }
+}
+
+// The largest of x[0, logits.size()) (the logits as given, or a penalized copy of them, which
+// has its NaNs in the same places); throws on a NaN (naming its token in `logits`) or when the
+// largest is not finite.
+float finite_max(const float* x, std::span<const float> logits) {
+  const MaxNan r = max_and_nan(x, static_cast<int64_t>(logits.size()));
+  if (r.nan) {
+    const int64_t at =
+        std::find_if(logits.begin(), logits.end(), [](float v) { return v != v; }) - logits.begin();
+    throw Error(fmt::format("sampler: the logit of token {} is NaN", at));
+  }
+  if (!std::isfinite(r.max)) {
+    throw Error(fmt::format("sampler: the largest logit is {}; need a finite one", r.max));
+  }
+  return r.max;
+}
+
 // e^x for x <= 0 on four lanes, in SSE2 with separate multiplies and adds, so that every x86-64
 // CPU gives the same bits: x = k ln2 + r with |r| <= ln2 / 2 (Cody-Waite, ln2 in two parts),
 // Cephes' polynomial for e^r (relative error ~1e-7), 2^k from the exponent bits; 0 below -87.3
@@ -230,16 +255,17 @@ int32_t draw_blocked(const float* p, int64_t n, double u, std::vector<double>* b
 
 }  // namespace
 
+bool Sampler::penalizes(std::span<const int32_t> history) const {
+  return params_.repetition_penalty != 1.0f && params_.repeat_last_n != 0 && !history.empty();
+}
+
 float Sampler::penalize(std::span<const float> logits, std::span<const int32_t> history) const {
+  check_vocabulary(logits);
   const int64_t n = static_cast<int64_t>(logits.size());
-  if (n == 0) throw Error("sampler: the logits are empty (n_vocab = 0)");
-  if (n > std::numeric_limits<int32_t>::max()) {
-    throw Error(fmt::format("sampler: n_vocab {} does not fit token ids", n));
-  }
   logits_.assign(logits.begin(), logits.end());  // [n_vocab]; reuses the capacity
 
   const float penalty = params_.repetition_penalty;
-  if (penalty != 1.0f && params_.repeat_last_n != 0 && !history.empty()) {
+  if (penalizes(history)) {
     const size_t window =
         params_.repeat_last_n < 0
             ? history.size()
@@ -261,35 +287,14 @@ float Sampler::penalize(std::span<const float> logits, std::span<const int32_t> 
     for (const int32_t t : recent) penalized_[t] = 0;
   }
 
-  const MaxNan r = max_and_nan(logits_.data(), n);
-  const float max = r.max;
-  if (r.nan) {
-    const int64_t at =
-        std::find_if(logits.begin(), logits.end(), [](float x) { return x != x; }) - logits.begin();
-    throw Error(fmt::format("sampler: the logit of token {} is NaN", at));
-  }
-  if (!std::isfinite(max)) {
-    throw Error(fmt::format("sampler: the largest logit is {}; need a finite one", max));
-  }
-  return max;
+  return finite_max(logits_.data(), logits);
 }
 
 int32_t Sampler::greedy_unpenalized(std::span<const float> logits) const {
-  const int64_t n = static_cast<int64_t>(logits.size());
-  if (n == 0) throw Error("sampler: the logits are empty (n_vocab = 0)");
-  if (n > std::numeric_limits<int32_t>::max()) {
-    throw Error(fmt::format("sampler: n_vocab {} does not fit token ids", n));
-  }
-  const MaxNan r = max_and_nan(logits.data(), n);
-  if (r.nan) {
-    const int64_t at =
-        std::find_if(logits.begin(), logits.end(), [](float x) { return x != x; }) - logits.begin();
-    throw Error(fmt::format("sampler: the logit of token {} is NaN", at));
-  }
-  if (!std::isfinite(r.max)) {
-    throw Error(fmt::format("sampler: the largest logit is {}; need a finite one", r.max));
-  }
-  return static_cast<int32_t>(first_index_of(logits.data(), n, r.max));
+  check_vocabulary(logits);
+  const float max = finite_max(logits.data(), logits);
+  return static_cast<int32_t>(
+      first_index_of(logits.data(), static_cast<int64_t>(logits.size()), max));
 }
 
 int32_t Sampler::first_max(float max) const {
@@ -484,9 +489,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   if (params_.greedy()) {
     // Without a penalty the logits are read in place, once (no copy: a decode step's sampling
     // was ~60 us of SmolLM2's 49,152 logits); the same token as first_max(penalize(...)).
-    const bool penalty =
-        params_.repetition_penalty != 1.0f && params_.repeat_last_n != 0 && !history.empty();
-    if (!penalty) return greedy_unpenalized(logits);
+    if (!penalizes(history)) return greedy_unpenalized(logits);
     return first_max(penalize(logits, history));
   }
   distribution(logits, history, &probs_);

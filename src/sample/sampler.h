@@ -56,6 +56,8 @@ class Sampler {
     }
   };
 
+  // Whether the repetition penalty changes any logit given this history.
+  bool penalizes(std::span<const int32_t> history) const;
   // logits_ = penalized logits; returns the largest. Throws on empty / NaN / out-of-range input.
   float penalize(std::span<const float> logits, std::span<const int32_t> history) const;
   // The first token whose penalized logit equals `max`.

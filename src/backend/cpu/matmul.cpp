@@ -112,7 +112,7 @@ void matmul_isa(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float
       detail::matmul_ref(w, x, n, y, pool);
       return;
     case Isa::kAvx2:
-    case Isa::kAvxVnni:  // prefill: the AVX2 tile kernel
+    case Isa::kAvxVnni:  // unpacked matrices and types the packed kernel does not read
       SPECDEC_CHECK(isa_supported(isa), "matmul_isa: the ISA variant is not supported here");
       detail::matmul_avx2(w, x, n, y, pool);
       return;
