@@ -1,11 +1,11 @@
 // Timing program for the attention op on the shapes of the default model (SmolLM2-135M: 30
-// layers, 9 query heads, 3 KV heads, head_dim 64, f16 or f32 KV cache): one "pass" is the
+// layers, 9 query heads, 3 KV heads, head_dim 64, f16, f32 or q8_0 KV cache): one "pass" is the
 // attention of n_new causal query tokens over n_past cached tokens in each of the 30 layers, each
 // layer with its own K/V buffers, as in a forward pass. Not part of ctest.
 //
 // Build: cmake --build <build dir> --target bench_attention
 // Run: <build dir>/bench_attention [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R]
-//        [--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree] [--kv-type f16|f32]
+//        [--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree] [--kv-type f16|f32|q8_0]
 // The rounds of the cases alternate (round r of every case, then round r + 1), so that a busy
 // host disturbs them alike; "x n_new=1" is the median over rounds of a case's time over that of
 // the n_new = 1 case at the same n_past (when one is run), the verification cost ratio of
@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/k_tiles.h"
+#include "kv/kv_cache.h"
 
 namespace specdec {
 namespace {
@@ -98,7 +100,7 @@ int run_bench(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R] "
                    "[--no-flush] [--case N_PAST,N_NEW]... [--layers L] [--tree] "
-                   "[--kv-type f16|f32]\n",
+                   "[--kv-type f16|f32|q8_0]\n",
                    argv[0]);
       return 2;
     }
@@ -124,8 +126,7 @@ int run_bench(int argc, char** argv) {
   struct Run {
     AttentionShape s;
     int64_t kv_elems = 0;
-    std::vector<std::vector<float>> k, v;  // [layer][n_past + n_new, n_kv_heads, head_dim]
-    std::vector<std::vector<uint16_t>> k16, v16;  // the same as halves (--kv-type f16; K tiles)
+    std::unique_ptr<KvCache> cache;        // [layers] slots [0, n_past + n_new) of kv_type
     std::vector<float> q;                  // [n_new, n_heads, head_dim]
     std::vector<float> out;                // [n_new, n_heads, head_dim]
     std::vector<uint8_t> mask;             // [n_new, n_new] with --tree
@@ -142,31 +143,15 @@ int run_bench(int argc, char** argv) {
     run.s.head_dim = kHeadDim;
     run.s.scale = 0.125f;
     run.kv_elems = (c.n_past + c.n_new) * kKvHeads * kHeadDim;
-    run.k.resize(static_cast<size_t>(layers));
-    run.v.resize(static_cast<size_t>(layers));
+    const int64_t slots = c.n_past + c.n_new;
+    run.cache = std::make_unique<KvCache>(layers, kKvHeads, kHeadDim, slots, kv_type);
+    std::vector<float> k(static_cast<size_t>(run.kv_elems)), v(k.size());
     for (int l = 0; l < layers; ++l) {
-      run.k[l].resize(static_cast<size_t>(run.kv_elems));
-      run.v[l].resize(static_cast<size_t>(run.kv_elems));
-      for (float& x : run.k[l]) x = dist(gen);
-      for (float& x : run.v[l]) x = dist(gen);
+      for (float& x : k) x = dist(gen);
+      for (float& x : v) x = dist(gen);
+      run.cache->write(l, 0, slots, k.data(), v.data());
     }
-    if (kv_type == KvType::kF16) {
-      auto halves = [](const std::vector<float>& x) {
-        std::vector<uint16_t> h(x.size());
-        f32_to_f16(x.data(), static_cast<int64_t>(x.size()), h.data());
-        return h;
-      };
-      const int64_t slots = c.n_past + c.n_new;
-      for (int l = 0; l < layers; ++l) {
-        const std::vector<uint16_t> k_rows = halves(run.k[l]);
-        std::vector<uint16_t> tiles(static_cast<size_t>(k_tile_slots(slots) * kKvHeads * kHeadDim));
-        k_rows_to_tiles(k_rows.data(), 0, slots, kKvHeads, kHeadDim, tiles.data());
-        run.k16.push_back(std::move(tiles));
-        run.v16.push_back(halves(run.v[l]));
-      }
-      run.k.clear();
-      run.v.clear();
-    }
+    run.cache->append(slots);
     run.q.resize(static_cast<size_t>(c.n_new * kHeads * kHeadDim));
     for (float& x : run.q) x = dist(gen);
     run.out.resize(run.q.size());
@@ -184,12 +169,10 @@ int run_bench(int argc, char** argv) {
     for (Run& run : runs) {
       if (flush) sink += flush_caches(big);
       const double t0 = now_s();
+      const SeqKv seq = run.cache->seq();
       for (int l = 0; l < layers; ++l) {
-        const bool f16 = kv_type == KvType::kF16;
-        attention_isa(isa, run.s, run.q.data(),
-                      f16 ? static_cast<const void*>(run.k16[l].data()) : run.k[l].data(),
-                      f16 ? static_cast<const void*>(run.v16[l].data()) : run.v[l].data(),
-                      kv_type, tree ? run.mask.data() : nullptr, run.out.data(), &pool);
+        attention_isa(isa, run.s, run.q.data(), seq.storage->view(l, seq.table.data()),
+                      tree ? run.mask.data() : nullptr, run.out.data(), &pool);
       }
       const double t = now_s() - t0;
       if (r > 0) run.times.push_back(t);  // round 0 warms up the pool and the scratch
@@ -203,8 +186,11 @@ int run_bench(int argc, char** argv) {
   for (const Run& run : runs) {
     const double med = median(run.times);
     const double best = *std::min_element(run.times.begin(), run.times.end());
-    const double kv_bytes = 2.0 * layers * static_cast<double>(run.kv_elems) *
-                            static_cast<double>(kv_type_bytes(kv_type));
+    const double kv_bytes =  // codes or values, and q8_0's scales
+        2.0 * layers *
+        (static_cast<double>(run.kv_elems) * static_cast<double>(kv_type_bytes(kv_type)) +
+         static_cast<double>(run.kv_elems / kHeadDim) *
+             static_cast<double>(kv_scale_bytes(kv_type)));
     std::printf("%8lld %6lld %12.3f %12.1f %12.2f %12.3f", static_cast<long long>(run.s.n_past),
                 static_cast<long long>(run.s.n_new), med * 1e3, med * 1e6 / layers,
                 kv_bytes / med * 1e-9, best * 1e3);

@@ -5,7 +5,9 @@
 //   slot s lives at slot s % block_slots of block table[s / block_slots];
 //   block b's K begins at k + b * k_block_bytes, its V at v + b * v_block_bytes;
 //   inside a block the slots have the contiguous layout: V rows [block_slots, n_kv_heads,
-//   head_dim]; K the same rows (f32) or tiles of 16 slots (f16, backend/k_tiles.h).
+//   head_dim]; K the same rows (f32) or tiles of 16 slots (f16, q8_0: backend/k_tiles.h).
+//   q8_0 also has the scales of K and V, [n_kv_heads, block_slots] floats per block (a head's
+//   scales contiguous): block b's at k_scale + b * scale_block_floats (v_scale likewise).
 //
 // block_slots is a multiple of kKTileSlots, so a block holds whole K tiles. Blocks whose ids
 // follow each other are next to each other in memory with the same layout, so a run of slots
@@ -28,9 +30,13 @@ struct KvView {
   int64_t block_slots = 0;
   int64_t k_block_bytes = 0;
   int64_t v_block_bytes = 0;
+  const float* k_scale = nullptr;  // q8_0 only
+  const float* v_scale = nullptr;  // q8_0 only
+  int64_t scale_block_floats = 0;  // q8_0: n_kv_heads * block_slots
   const int32_t* table = nullptr;  // [blocks covering the sequence's slots] or nullptr
 
-  // A contiguous cache of `slots` slots (K of an f16 cache: whole tiles).
+  // A contiguous cache of `slots` slots (K of an f16 cache: whole tiles). Not for q8_0, whose
+  // scales come from its storage (PagedKvStorage::view).
   static KvView contiguous(const void* k, const void* v, KvType type, int64_t slots) {
     KvView view;
     view.k = static_cast<const uint8_t*>(k);
@@ -46,6 +52,8 @@ struct KvView {
 struct KvRun {
   const uint8_t* k = nullptr;
   const uint8_t* v = nullptr;
+  const float* k_scale = nullptr;  // q8_0: the scales of the run's first block
+  const float* v_scale = nullptr;  // (for_run_scales)
   int64_t local = 0;  // slot index relative to k / v
   int64_t n = 0;      // slots in the run (<= the n asked for, >= 1)
 };
@@ -53,7 +61,7 @@ struct KvRun {
 // The longest contiguous run of slots that starts at `slot`, at most n (>= 1) slots; every slot
 // in [slot, slot + n) must be covered by the table.
 inline KvRun kv_run(const KvView& kv, int64_t slot, int64_t n) {
-  if (kv.table == nullptr) return {kv.k, kv.v, slot, n};
+  if (kv.table == nullptr) return {kv.k, kv.v, kv.k_scale, kv.v_scale, slot, n};
   const int64_t bs = kv.block_slots;
   int64_t index = slot / bs;
   const int32_t block = kv.table[index];
@@ -63,7 +71,12 @@ inline KvRun kv_run(const KvView& kv, int64_t slot, int64_t n) {
     avail += bs;
     ++index;
   }
-  return {kv.k + block * kv.k_block_bytes, kv.v + block * kv.v_block_bytes, local,
+  const int64_t scales = block * kv.scale_block_floats;
+  return {kv.k + block * kv.k_block_bytes,
+          kv.v + block * kv.v_block_bytes,
+          kv.k_scale == nullptr ? nullptr : kv.k_scale + scales,
+          kv.v_scale == nullptr ? nullptr : kv.v_scale + scales,
+          local,
           std::min(avail, n)};
 }
 
@@ -75,6 +88,20 @@ void for_kv_runs(const KvView& kv, int64_t slot, int64_t n, F&& fn) {
     const KvRun run = kv_run(kv, slot + done, n - done);
     fn(done, run);
     done += run.n;
+  }
+}
+
+// q8_0: the scales of KV head h for the slots [run.local, run.local + run.n) of a run, block by
+// block: fn(j, d, count) for slots run.local + j .. + count - 1, whose scales are d[0 .. count).
+// scales: the run's k_scale or v_scale.
+template <class F>
+void for_run_scales(const KvView& kv, const float* scales, const KvRun& run, int h, F&& fn) {
+  const int64_t bs = kv.block_slots;
+  for (int64_t j = 0; j < run.n;) {
+    const int64_t slot = run.local + j;
+    const int64_t count = std::min(run.n - j, bs - slot % bs);
+    fn(j, scales + slot / bs * kv.scale_block_floats + h * bs + slot % bs, count);
+    j += count;
   }
 }
 

@@ -1,10 +1,12 @@
 // The memory of a paged KV cache: n_blocks blocks of block_slots token slots each, for every
-// layer, stored as `type` (f16 by default, f32 for the exact reference arithmetic).
+// layer, stored as `type` (f16 by default, f32 for the exact reference arithmetic, q8_0 for half
+// the bytes of f16: backend/kv_quant.h).
 //
 //   K, per layer: [n_blocks, K block]   K block = [block_slots, n_kv_heads, head_dim] (f32)
 //                                                  or tiles [block_slots / 16, n_kv_heads,
-//                                                  head_dim, 16] (f16, backend/k_tiles.h)
+//                                                  head_dim, 16] (f16, q8_0: backend/k_tiles.h)
 //   V, per layer: [n_blocks, block_slots, n_kv_heads, head_dim]
+//   q8_0 scales of K and of V, per layer: [n_blocks, n_kv_heads, block_slots] floats
 //
 // A sequence owns an ordered list of block ids (its block table, from BlockPool); its slot s is
 // slot s % block_slots of block table[s / block_slots]. The attention kernels read a layer
@@ -22,6 +24,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+
+#include <vector>
 
 #include "backend/kv_type.h"
 #include "backend/kv_view.h"
@@ -51,8 +55,10 @@ class PagedKvStorage {
   KvType type() const { return type_; }
   int64_t row_elems() const { return row_elems_; }  // n_kv_heads * head_dim
 
-  // Bytes of one block over all layers (K and V), and of the whole pool.
-  int64_t block_bytes() const { return 2 * n_layers_ * block_layer_bytes(); }
+  // Bytes of one block over all layers (K and V, with q8_0's scales), and of the whole pool.
+  int64_t block_bytes() const {
+    return 2 * n_layers_ * (block_layer_bytes() + block_scale_floats() * 4);
+  }
   int64_t bytes() const { return block_bytes() * n_blocks_; }
   // Blocks that fit in `bytes` for this shape (>= 0).
   static int32_t blocks_in(int64_t bytes, int n_layers, int n_kv_heads, int head_dim,
@@ -68,11 +74,12 @@ class PagedKvStorage {
   KvView view(int layer, const int32_t* table) const;
 
   // Stores the float rows k, v: [n, n_kv_heads, head_dim] at the sequence's slots
-  // [slot, slot + n) of `layer` (converted to type(), rounding to nearest even).
+  // [slot, slot + n) of `layer` (converted to type(): f16 rounding to nearest even, q8_0 by
+  // quantize_kv_row per (slot, KV head)).
   void write(int layer, std::span<const int32_t> table, int64_t slot, int64_t n, const float* k,
              const float* v);
   // Reads slots [slot, slot + n) of `layer` back as floats into k, v: [n, n_kv_heads, head_dim]
-  // (either may be null).
+  // (either may be null; q8_0: each value dequantize_kv(code, scale)).
   void read(int layer, std::span<const int32_t> table, int64_t slot, int64_t n, float* k,
             float* v) const;
   // Copies the K/V of slot `from` to slot `to` of the sequence, in every layer (tree
@@ -81,6 +88,24 @@ class PagedKvStorage {
 
  private:
   int64_t block_layer_bytes() const { return block_slots_ * row_elems_ * kv_type_bytes(type_); }
+  // Floats of one block's K (or V) scales in one layer: [n_kv_heads, block_slots] (q8_0), else 0.
+  int64_t block_scale_floats() const {
+    return type_ == KvType::kQ8 ? block_slots_ * n_kv_heads_ : 0;
+  }
+  float* k_scales(int layer, int32_t block) {
+    return k_scale_.data() +
+           (static_cast<int64_t>(layer) * n_blocks_ + block) * block_scale_floats();
+  }
+  float* v_scales(int layer, int32_t block) {
+    return v_scale_.data() +
+           (static_cast<int64_t>(layer) * n_blocks_ + block) * block_scale_floats();
+  }
+  const float* k_scales(int layer, int32_t block) const {
+    return const_cast<PagedKvStorage*>(this)->k_scales(layer, block);
+  }
+  const float* v_scales(int layer, int32_t block) const {
+    return const_cast<PagedKvStorage*>(this)->v_scales(layer, block);
+  }
   uint8_t* k_block(int layer, int32_t block) {
     return k_.data() + (static_cast<int64_t>(layer) * n_blocks_ + block) * block_layer_bytes();
   }
@@ -94,6 +119,10 @@ class PagedKvStorage {
     return const_cast<PagedKvStorage*>(this)->v_block(layer, block);
   }
   void check_range(int layer, std::span<const int32_t> table, int64_t slot, int64_t n) const;
+  void write_q8(int layer, std::span<const int32_t> table, int64_t slot, int64_t n, const float* k,
+                const float* v);
+  void read_q8(int layer, std::span<const int32_t> table, int64_t slot, int64_t n, float* k,
+               float* v) const;
 
   int n_layers_;
   int n_kv_heads_;
@@ -104,6 +133,8 @@ class PagedKvStorage {
   KvType type_;
   HugeBuffer k_;  // [n_layers, n_blocks, K block] of type_
   HugeBuffer v_;  // [n_layers, n_blocks, block_slots, n_kv_heads, head_dim] of type_
+  std::vector<float> k_scale_;              // q8_0: [n_layers, n_blocks, n_kv_heads, block_slots]
+  std::vector<float> v_scale_;              // q8_0: the same for V
   std::unique_ptr<KvDeviceMemory> device_;  // the pool, when on a device (k_, v_ empty then)
 };
 

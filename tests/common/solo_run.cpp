@@ -16,9 +16,10 @@ namespace specdec::test {
 
 std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
                                  const Request& r, Model* draft, int64_t ctx,
-                                 const ReDrafterHead* head, const MedusaHeads* medusa) {
+                                 const ReDrafterHead* head, const MedusaHeads* medusa,
+                                 KvType kv_type) {
   if (ctx <= 0) ctx = model.config().n_ctx_train;
-  Generator gen(model, pool, ctx);
+  Generator gen(model, pool, ctx, kv_type);
   GenerationConfig g;
   g.max_new_tokens = r.max_tokens;
   g.sampling = r.sampling;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/kv_type.h"
 #include "specdec/engine.h"
 
 namespace specdec {
@@ -19,11 +20,13 @@ class MedusaHeads;
 namespace test {
 
 // ctx <= 0: the model's context. draft: the draft model of SpecMethod::kDraft requests; head:
-// the drafter head of SpecMethod::kReDrafter requests; medusa: the heads of kMedusa requests.
+// the drafter head of SpecMethod::kReDrafter requests; medusa: the heads of kMedusa requests;
+// kv_type: the solo cache's (the engine's --kv-type).
 std::vector<int32_t> solo_output(Model& model, const Tokenizer& tok, ThreadPool* pool,
                                  const Request& r, Model* draft = nullptr, int64_t ctx = 0,
                                  const ReDrafterHead* head = nullptr,
-                                 const MedusaHeads* medusa = nullptr);
+                                 const MedusaHeads* medusa = nullptr,
+                                 KvType kv_type = KvType::kF16);
 
 }  // namespace test
 }  // namespace specdec

@@ -342,6 +342,11 @@ TEST(BatchedForward, Stories260KFloatCache32SlotBlocks) {
   check_batched_forward(*model, KvType::kF32, 32, "stories260K");
 }
 
+TEST(BatchedForward, Stories260KQ8Cache) {
+  auto model = Model::load(test::tiny_model("stories260K.gguf"));
+  check_batched_forward(*model, KvType::kQ8, 16, "stories260K");
+}
+
 TEST(BatchedForward, SmolLM2) {
   const std::string path = test::default_model_path();
   if (!test::file_exists(path)) {

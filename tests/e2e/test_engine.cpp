@@ -176,6 +176,30 @@ TEST_F(EngineTest, BatchedGreedyEqualsSoloForMixedRequests) {
   }
 }
 
+// The q8_0 cache (--kv-type q8_0): batched and speculative output is still each request's solo
+// output over a q8_0 cache (the quantization depends on each row alone, and attention over it
+// keeps the bit-exact invariance), and differs from the f16 cache's somewhere.
+TEST_F(EngineTest, BatchedGreedyEqualsSoloWithQ8Cache) {
+  std::vector<Request> reqs;
+  const int lens[] = {3, 40, 130, 17, 260, 64, 9, 90};
+  for (int i = 0; i < 8; ++i) {
+    const SpecMethod spec = i % 2 == 1 ? SpecMethod::kNgram : SpecMethod::kNone;
+    reqs.push_back(make_request(prompt(lens[i], 300 + i), 40, 0.0f, 0, spec));
+  }
+  EngineConfig config;
+  config.kv_type = "q8_0";
+  config.max_batch_tokens = 96;
+  const std::vector<Collected> got = run_all(reqs, config);
+  int differs_from_f16 = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, test::solo_output(*model_, *tok_, pool_, reqs[i], nullptr, 0, nullptr,
+                                               nullptr, KvType::kQ8))
+        << "request " << i;
+    if (got[i].tokens != solo(reqs[i])) ++differs_from_f16;
+  }
+  EXPECT_GT(differs_from_f16, 0) << "the q8_0 cache changed nothing: was it used?";
+}
+
 TEST_F(EngineTest, BatchedSampledEqualsSoloWithSeeds) {
   std::vector<Request> reqs;
   for (int i = 0; i < 8; ++i) {

@@ -203,6 +203,8 @@ TEST(TreeForward, Stories260K) {
   check_tree_forward(*model, nullptr, {tok->bos_id()}, nodes, "stories260K (no pool, BOS)");
   // A float cache.
   check_tree_forward(*model, &pool, prefix, nodes, "stories260K (f32 KV)", KvType::kF32);
+  // A q8_0 cache.
+  check_tree_forward(*model, &pool, prefix, nodes, "stories260K (q8_0 KV)", KvType::kQ8);
 }
 
 TEST(TreeForward, SmolLM2) {

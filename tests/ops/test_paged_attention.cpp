@@ -1,11 +1,11 @@
-// Attention over a paged KV cache: for every variant the machine supports, f16 and f32 caches,
-// decode (1 new token), verification (8, causal and tree masks) and prefill (100) over 0 to 513
-// cached slots, GQA groups of 2 and 4, head_dim 64 and 48, one and two threads, attention through
-// a block table - a random permutation of blocks of 16 or 32 slots, or a table of short runs of
-// consecutive blocks - gives bitwise the output of attention over a contiguous KvCache holding
-// the same K/V. The blocks outside the table, the unused slots and the other layer hold NaN, so a
-// read of anything the table does not name shows. Each output is also checked against a naive
-// double attention over the stored values (tolerance as test_ops.cpp), and a table with two
+// Attention over a paged KV cache: for every variant the machine supports, f16, f32 and q8_0
+// caches, decode (1 new token), verification (8, causal and tree masks) and prefill (100) over 0 to
+// 513 cached slots, GQA groups of 2 and 4, head_dim 64 and 48, one and two threads, attention
+// through a block table - a random permutation of blocks of 16 or 32 slots, or a table of short
+// runs of consecutive blocks - gives bitwise the output of attention over a contiguous KvCache
+// holding the same K/V. The blocks outside the table, the unused slots and the other layer hold
+// NaN, so a read of anything the table does not name shows. Each output is also checked against a
+// naive double attention over the stored values (tolerance as test_ops.cpp), and a table with two
 // blocks swapped must change the output (the comparison can fail).
 #include <gtest/gtest.h>
 
@@ -237,7 +237,9 @@ void check_paged(const Case& c, KvType type, ThreadPool* pool2, std::mt19937& ge
   KvCache contiguous(1, s.n_kv_heads, s.head_dim, n_kv, type);
   contiguous.write(0, 0, n_kv, k.data(), v.data());
   contiguous.append(n_kv);
-  // The values the caches hold (f16: rounded), for the naive reference.
+  // The values the caches hold (f16: rounded; q8_0: d · c), for the naive reference. q8_0 applies
+  // d to each score and each p instead of to the values: the same products, one more rounding
+  // each, within the same tolerance.
   contiguous.read(0, 0, n_kv, k.data(), v.data());
   const std::vector<double> naive = attention_naive(s, q, k, v, mask);
   const double delta = static_cast<double>(s.head_dim) * s.head_dim * kU * s.scale;
@@ -247,10 +249,16 @@ void check_paged(const Case& c, KvType type, ThreadPool* pool2, std::mt19937& ge
   for (Layout layout : {Layout::kPermuted16, Layout::kPermuted32, Layout::kRuns16}) {
     paged.push_back(make_paged(s, type, layout, k, v, gen));
   }
+  const SeqKv whole = contiguous.seq();
+  const KvView contiguous_view = whole.storage->view(0, whole.table.data());
   for (Isa isa : supported_variants()) {
     std::vector<float> want(static_cast<size_t>(n_out));
-    attention_isa(isa, s, q.data(), contiguous.k(0), contiguous.v(0), type, mask, want.data(),
-                  nullptr);
+    if (type == KvType::kQ8) {  // no raw-pointer form (its scales live in the storage)
+      attention_isa(isa, s, q.data(), contiguous_view, mask, want.data(), nullptr);
+    } else {
+      attention_isa(isa, s, q.data(), contiguous.k(0), contiguous.v(0), type, mask, want.data(),
+                    nullptr);
+    }
     for (int64_t e = 0; e < n_out; ++e) {
       ASSERT_NEAR(want[e], naive[e], tol) << describe(isa, type, c) << " contiguous, element " << e;
     }
@@ -278,7 +286,7 @@ const Gqa kGqa[] = {{8, 4, 64}, {8, 2, 64}, {8, 4, 48}, {8, 2, 48}};
 void run_cases(int64_t n_new, bool tree, std::initializer_list<int64_t> pasts, uint32_t seed) {
   std::mt19937 gen(seed);
   ThreadPool pool2(2);
-  for (KvType type : {KvType::kF16, KvType::kF32}) {
+  for (KvType type : {KvType::kF16, KvType::kF32, KvType::kQ8}) {
     for (const Gqa& g : kGqa) {
       for (int64_t n_past : pasts) {
         check_paged({make_shape(n_past, n_new, g.n_heads, g.n_kv_heads, g.head_dim), tree}, type,
@@ -310,7 +318,7 @@ TEST(PagedAttention, PrefillEqualsContiguous) {
 TEST(PagedAttention, SwappedBlocksChangeTheOutput) {
   std::mt19937 gen(5);
   ThreadPool pool2(2);
-  for (KvType type : {KvType::kF16, KvType::kF32}) {
+  for (KvType type : {KvType::kF16, KvType::kF32, KvType::kQ8}) {
     for (bool tree : {false, true}) {
       const AttentionShape s = make_shape(200, tree ? 8 : 1, 8, 2, 64);
       const int64_t n_kv = s.n_past + s.n_new;

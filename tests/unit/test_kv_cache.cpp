@@ -1,14 +1,19 @@
-// KvCache: rows written as floats come back exactly (f32) or rounded to half (f16), in place and
-// per layer (f16 K in tiles of 16 slots, ranges crossing tiles); keep_slots moves exactly the
-// listed rows of every layer; out-of-range use stops.
+// KvCache: rows written as floats come back exactly (f32), rounded to half (f16) or quantized
+// per (slot, KV head) row (q8_0, backend/kv_quant.h), in place and per layer (f16 / q8_0 K in
+// tiles of 16 slots, ranges crossing tiles); keep_slots moves exactly the listed rows of every
+// layer; out-of-range use stops. The q8_0 quantizer itself: KvQuant below.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16
 #include "backend/k_tiles.h"
+#include "backend/kv_quant.h"
 #include "kv/kv_cache.h"
 
 namespace specdec {
@@ -24,9 +29,36 @@ std::vector<float> random_rows(std::mt19937& gen, int64_t n) {
   return v;
 }
 
-// What a cache of type t gives back for x.
-float stored(KvType t, float x) {
-  return t == KvType::kF16 ? fp16_to_fp32(fp32_to_fp16(x)) : x;
+// What a cache of type t gives back for the rows x [n, n_kv_heads, head_dim] (q8_0: each head
+// row quantized on its own).
+std::vector<float> stored(KvType t, const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  for (size_t r = 0; r < x.size(); r += kHeadDim) {
+    int8_t codes[kHeadDim];
+    const float d = t == KvType::kQ8 ? quantize_kv_row(&x[r], kHeadDim, codes) : 0.0f;
+    for (int i = 0; i < kHeadDim; ++i) {
+      out[r + i] = t == KvType::kF16  ? fp16_to_fp32(fp32_to_fp16(x[r + i]))
+                   : t == KvType::kQ8 ? dequantize_kv(codes[i], d)
+                                      : x[r + i];
+    }
+  }
+  return out;
+}
+
+// Element (slot, h, d) of layer `layer` as the raw view holds it: K rows (f32) or tiles (f16,
+// q8_0 codes times the scale of the slot's head row), V rows.
+float raw_element(const KvCache& kv, bool is_k, int layer, int64_t slot, int h, int d) {
+  const int32_t table[1] = {0};
+  const KvView view = const_cast<KvCache&>(kv).storage().view(layer, table);
+  const KvType t = kv.type();
+  const int64_t row = slot * kRow + h * kHeadDim + d;
+  const int64_t e = is_k && k_tiled(t) ? k_tile_index(slot, h, d, kKvHeads, kHeadDim) : row;
+  const uint8_t* base = is_k ? view.k : view.v;
+  if (t == KvType::kF32) return reinterpret_cast<const float*>(base)[e];
+  if (t == KvType::kF16) return fp16_to_fp32(reinterpret_cast<const uint16_t*>(base)[e]);
+  const float* scales = is_k ? view.k_scale : view.v_scale;  // [n_kv_heads, block_slots]
+  return dequantize_kv(reinterpret_cast<const int8_t*>(base)[e],
+                       scales[h * view.block_slots + slot]);
 }
 
 class KvCacheTest : public ::testing::TestWithParam<KvType> {};
@@ -47,28 +79,24 @@ TEST_P(KvCacheTest, WriteReadRoundTripPerLayer) {
   for (int l = 0; l < kLayers; ++l) {
     std::vector<float> kr(kN * kRow), vr(kN * kRow);
     kv.read(l, kFirst, kN, kr.data(), vr.data());
+    const std::vector<float> ks = stored(t, k[l]), vs = stored(t, v[l]);
     for (int64_t e = 0; e < kN * kRow; ++e) {
-      ASSERT_EQ(kr[e], stored(t, k[l][e])) << "layer " << l << " K element " << e;
-      ASSERT_EQ(vr[e], stored(t, v[l][e])) << "layer " << l << " V element " << e;
+      ASSERT_EQ(kr[e], ks[e]) << "layer " << l << " K element " << e;
+      ASSERT_EQ(vr[e], vs[e]) << "layer " << l << " V element " << e;
     }
   }
-  // The raw layer views hold the elements where the layout says: K rows (f32) or tiles (f16).
+  // The raw layer views hold the elements where the layout says: K rows (f32) or tiles (f16,
+  // q8_0), with q8_0's scales per (KV head, slot).
+  const std::vector<float> ks = stored(t, k[1]), vs = stored(t, v[1]);
   for (int64_t i = 0; i < kN; ++i) {
     for (int h = 0; h < kKvHeads; ++h) {
       for (int d = 0; d < kHeadDim; ++d) {
         const int64_t e = i * kRow + h * kHeadDim + d;
         const int64_t slot = kFirst + i;
-        const float raw_k =
-            t == KvType::kF16
-                ? fp16_to_fp32(static_cast<const uint16_t*>(kv.k(1))[k_tile_index(
-                      slot, h, d, kKvHeads, kHeadDim)])
-                : static_cast<const float*>(kv.k(1))[slot * kRow + h * kHeadDim + d];
-        const float raw_v = t == KvType::kF16
-                                ? fp16_to_fp32(static_cast<const uint16_t*>(kv.v(1))[slot * kRow +
-                                                                                     h * kHeadDim + d])
-                                : static_cast<const float*>(kv.v(1))[slot * kRow + h * kHeadDim + d];
-        ASSERT_EQ(raw_k, stored(t, k[1][e])) << "slot " << slot << " head " << h << " dim " << d;
-        ASSERT_EQ(raw_v, stored(t, v[1][e])) << "slot " << slot << " head " << h << " dim " << d;
+        ASSERT_EQ(raw_element(kv, true, 1, slot, h, d), ks[e])
+            << "slot " << slot << " head " << h << " dim " << d;
+        ASSERT_EQ(raw_element(kv, false, 1, slot, h, d), vs[e])
+            << "slot " << slot << " head " << h << " dim " << d;
       }
     }
   }
@@ -94,10 +122,11 @@ TEST_P(KvCacheTest, KeepSlotsMovesListedRowsOfEveryLayer) {
   for (int l = 0; l < kLayers; ++l) {
     std::vector<float> kr(19 * kRow), vr(19 * kRow);
     kv.read(l, 0, 19, kr.data(), vr.data());
+    const std::vector<float> ks = stored(t, k[l]), vs = stored(t, v[l]);
     for (int64_t s = 0; s < 19; ++s) {
       for (int64_t e = 0; e < kRow; ++e) {
-        ASSERT_EQ(kr[s * kRow + e], stored(t, k[l][source[s] * kRow + e])) << l << " " << s;
-        ASSERT_EQ(vr[s * kRow + e], stored(t, v[l][source[s] * kRow + e])) << l << " " << s;
+        ASSERT_EQ(kr[s * kRow + e], ks[source[s] * kRow + e]) << l << " " << s;
+        ASSERT_EQ(vr[s * kRow + e], vs[source[s] * kRow + e]) << l << " " << s;
       }
     }
   }
@@ -117,16 +146,67 @@ TEST_P(KvCacheTest, OutOfRangeUseStopsWithAMessage) {
   EXPECT_DEATH(kv.keep_slots(0, bad), "increasing slots");
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, KvCacheTest, ::testing::Values(KvType::kF32, KvType::kF16),
+INSTANTIATE_TEST_SUITE_P(Types, KvCacheTest,
+                         ::testing::Values(KvType::kF32, KvType::kF16, KvType::kQ8),
                          [](const auto& info) { return std::string(kv_type_name(info.param)); });
 
 TEST(KvType, ParseAndName) {
   EXPECT_EQ(parse_kv_type("f16"), KvType::kF16);
   EXPECT_EQ(parse_kv_type("f32"), KvType::kF32);
-  EXPECT_FALSE(parse_kv_type("q8_0").has_value());
+  EXPECT_EQ(parse_kv_type("q8_0"), KvType::kQ8);
+  EXPECT_FALSE(parse_kv_type("q8").has_value());
+  EXPECT_FALSE(parse_kv_type("q4_0").has_value());
   EXPECT_STREQ(kv_type_name(KvType::kF16), "f16");
+  EXPECT_STREQ(kv_type_name(KvType::kQ8), "q8_0");
   EXPECT_EQ(kv_type_bytes(KvType::kF16), 2u);
   EXPECT_EQ(kv_type_bytes(KvType::kF32), 4u);
+  EXPECT_EQ(kv_type_bytes(KvType::kQ8), 1u);
+  EXPECT_EQ(kv_scale_bytes(KvType::kQ8), 4u);
+  EXPECT_EQ(kv_scale_bytes(KvType::kF16), 0u);
+}
+
+// The q8_0 rows (kv_quant.h), checked against their definition element by element: the scale is
+// max |x| / 127, every value within half a step of d · c, the largest one at ±127, ties of
+// x · 127 / amax rounded to even; a zero row and rows with a NaN or an infinity.
+TEST(KvQuant, RowsQuantizeToTheirDefinition) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> dist(-5.0f, 5.0f);
+  for (int n : {1, 7, 64, 128}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& e : x) e = dist(gen) * (trial % 5 == 0 ? 1e-30f : 1.0f);  // some tiny rows
+      std::vector<int8_t> c(static_cast<size_t>(n));
+      const float d = quantize_kv_row(x.data(), n, c.data());
+      float amax = 0.0f;
+      for (float e : x) amax = std::max(amax, std::fabs(e));
+      ASSERT_EQ(d, amax / 127.0f) << n;
+      for (int i = 0; i < n; ++i) {
+        const double want = std::nearbyint(static_cast<double>(x[i] * (127.0f / amax)));
+        ASSERT_EQ(c[i], static_cast<int8_t>(want)) << n << " element " << i;
+        ASSERT_LE(std::fabs(static_cast<double>(x[i]) - static_cast<double>(d) * c[i]),
+                  0.5 * d * (1 + 1e-5) + 1e-45)
+            << n << " element " << i;
+        if (std::fabs(x[i]) == amax) ASSERT_EQ(std::abs(c[i]), 127);
+      }
+    }
+  }
+  // 63.5 / 127 · 127 = 63.5 rounds to even 64; 62.5 to 62.
+  const float ties[3] = {127.0f, 63.5f, -62.5f};
+  int8_t c[3];
+  ASSERT_EQ(quantize_kv_row(ties, 3, c), 1.0f);
+  EXPECT_EQ(c[0], 127);
+  EXPECT_EQ(c[1], 64);
+  EXPECT_EQ(c[2], -62);
+  const float zeros[4] = {0.0f, -0.0f, 0.0f, 0.0f};
+  int8_t z[4] = {1, 1, 1, 1};
+  EXPECT_EQ(quantize_kv_row(zeros, 4, z), 0.0f);
+  for (int8_t e : z) EXPECT_EQ(e, 0);
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    const float row[3] = {1.0f, bad, 2.0f};
+    int8_t b[3] = {5, 5, 5};
+    EXPECT_TRUE(std::isnan(quantize_kv_row(row, 3, b)));
+    for (int8_t e : b) EXPECT_EQ(e, 0);
+  }
 }
 
 }  // namespace

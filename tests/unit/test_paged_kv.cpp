@@ -1,8 +1,9 @@
 // PagedKvStorage and KvView: rows written through a scattered block table come back exactly
-// (f32) or rounded to half (f16), from ranges that cross block and K-tile boundaries, and sit in
-// memory where the view's layout says; writes through one table touch no block outside it and no
-// other layer; copy_slot moves one slot of every layer across blocks; blocks_in / block_bytes
-// arithmetic; kv_run merges consecutive block ids into one run and splits the others.
+// (f32), rounded to half (f16) or quantized per head row (q8_0, kv_quant.h), from ranges that cross
+// block and K-tile boundaries, and sit in memory where the view's layout says; writes through one
+// table touch no block outside it and no other layer; copy_slot moves one slot of every layer
+// across blocks; blocks_in / block_bytes arithmetic; kv_run merges consecutive block ids into one
+// run and splits the others.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16
 #include "backend/k_tiles.h"
+#include "backend/kv_quant.h"
 #include "backend/kv_view.h"
 #include "kv/paged_kv.h"
 
@@ -34,9 +36,20 @@ std::vector<float> random_rows(std::mt19937& gen, int64_t n) {
   return v;
 }
 
-// What a cache of type t gives back for x.
-float stored(KvType t, float x) {
-  return t == KvType::kF16 ? fp16_to_fp32(fp32_to_fp16(x)) : x;
+// What a cache of type t gives back for the rows x [n, n_kv_heads, head_dim] (q8_0: each head
+// row quantized on its own).
+std::vector<float> stored(KvType t, const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  for (size_t r = 0; r < x.size(); r += kHeadDim) {
+    int8_t codes[kHeadDim];
+    const float d = t == KvType::kQ8 ? quantize_kv_row(&x[r], kHeadDim, codes) : 0.0f;
+    for (int i = 0; i < kHeadDim; ++i) {
+      out[r + i] = t == KvType::kF16  ? fp16_to_fp32(fp32_to_fp16(x[r + i]))
+                   : t == KvType::kQ8 ? dequantize_kv(codes[i], d)
+                                      : x[r + i];
+    }
+  }
+  return out;
 }
 
 bool same_bits(float a, float b) {
@@ -62,6 +75,13 @@ float raw_k(const KvView& view, int64_t slot, int h, int d) {
   const int32_t block = view.table[slot / view.block_slots];
   const int64_t local = slot % view.block_slots;
   const uint8_t* base = view.k + block * view.k_block_bytes;
+  if (view.type == KvType::kQ8) {  // codes in tiles, scales [n_kv_heads, block_slots] per block
+    const float scale =
+        view.k_scale[block * view.scale_block_floats + h * view.block_slots + local];
+    return dequantize_kv(
+        reinterpret_cast<const int8_t*>(base)[k_tile_index(local, h, d, kKvHeads, kHeadDim)],
+        scale);
+  }
   if (view.type == KvType::kF16) {
     return fp16_to_fp32(
         reinterpret_cast<const uint16_t*>(base)[k_tile_index(local, h, d, kKvHeads, kHeadDim)]);
@@ -73,6 +93,11 @@ float raw_v(const KvView& view, int64_t slot, int h, int d) {
   const int64_t local = slot % view.block_slots;
   const uint8_t* base = view.v + block * view.v_block_bytes;
   const int64_t e = local * kRow + h * kHeadDim + d;
+  if (view.type == KvType::kQ8) {
+    const float scale =
+        view.v_scale[block * view.scale_block_floats + h * view.block_slots + local];
+    return dequantize_kv(reinterpret_cast<const int8_t*>(base)[e], scale);
+  }
   return view.type == KvType::kF16 ? fp16_to_fp32(reinterpret_cast<const uint16_t*>(base)[e])
                                    : reinterpret_cast<const float*>(base)[e];
 }
@@ -106,10 +131,11 @@ TEST_P(PagedKvTest, WriteReadRoundTripThroughScatteredTable) {
   }
   for (int l = 0; l < kLayers; ++l) {
     const Rows all = read_all(kv, l, kTable);
+    const std::vector<float> sk = stored(t, k[l]), sv = stored(t, v[l]);
     for (int64_t e = 0; e < n * kRow; ++e) {
-      ASSERT_TRUE(same_bits(all.k[e], stored(t, k[l][e])))
+      ASSERT_TRUE(same_bits(all.k[e], sk[e]))
           << "layer " << l << " slot " << e / kRow << " K " << all.k[e] << " vs " << k[l][e];
-      ASSERT_TRUE(same_bits(all.v[e], stored(t, v[l][e])))
+      ASSERT_TRUE(same_bits(all.v[e], sv[e]))
           << "layer " << l << " slot " << e / kRow << " V " << all.v[e] << " vs " << v[l][e];
     }
     // Other pieces: one crossing two block boundaries, one inside a block, K or V alone.
@@ -134,9 +160,9 @@ TEST_P(PagedKvTest, WriteReadRoundTripThroughScatteredTable) {
       for (int h = 0; h < kKvHeads; ++h) {
         for (int d = 0; d < kHeadDim; ++d) {
           const int64_t e = s * kRow + h * kHeadDim + d;
-          ASSERT_TRUE(same_bits(raw_k(view, s, h, d), stored(t, k[l][e])))
+          ASSERT_TRUE(same_bits(raw_k(view, s, h, d), sk[e]))
               << "layer " << l << " slot " << s << " head " << h << " dim " << d;
-          ASSERT_TRUE(same_bits(raw_v(view, s, h, d), stored(t, v[l][e])))
+          ASSERT_TRUE(same_bits(raw_v(view, s, h, d), sv[e]))
               << "layer " << l << " slot " << s << " head " << h << " dim " << d;
         }
       }
@@ -175,6 +201,7 @@ TEST_P(PagedKvTest, WritesTouchOnlyTheTablesBlocksAndLayer) {
   const std::vector<float> k = random_rows(gen, n), v = random_rows(gen, n);
   kv.write(1, kTable, 0, n, k.data(), v.data());
 
+  const std::vector<float> sk = stored(t, k), sv = stored(t, v);
   for (int l = 0; l < kLayers; ++l) {
     const Rows after = read_all(kv, l, every);
     for (int32_t b = 0; b < kBlocks; ++b) {
@@ -184,8 +211,8 @@ TEST_P(PagedKvTest, WritesTouchOnlyTheTablesBlocksAndLayer) {
           // Block b is table entry i: its slots are the sequence's slots i * bs ...
           const auto i = std::find(kTable.begin(), kTable.end(), b) - kTable.begin();
           const int64_t se = i * bs * kRow + (e - b * bs * kRow);
-          ASSERT_TRUE(same_bits(after.k[e], stored(t, k[se]))) << "block " << b;
-          ASSERT_TRUE(same_bits(after.v[e], stored(t, v[se]))) << "block " << b;
+          ASSERT_TRUE(same_bits(after.k[e], sk[se])) << "block " << b;
+          ASSERT_TRUE(same_bits(after.v[e], sv[se])) << "block " << b;
         } else {
           ASSERT_TRUE(same_bits(after.k[e], before[l].k[e]))
               << "layer " << l << " block " << b << " changed by a write through another table";
@@ -198,11 +225,12 @@ TEST_P(PagedKvTest, WritesTouchOnlyTheTablesBlocksAndLayer) {
   // The blocks outside kTable, read through their own table, still hold the pattern.
   for (int l = 0; l < kLayers; ++l) {
     const Rows others = read_all(kv, l, kOthers);
+    const std::vector<float> bk = stored(t, base_k[l]), bv = stored(t, base_v[l]);
     for (size_t i = 0; i < kOthers.size(); ++i) {
       for (int64_t e = 0; e < bs * kRow; ++e) {
         const int64_t we = kOthers[i] * bs * kRow + e;
-        ASSERT_TRUE(same_bits(others.k[i * bs * kRow + e], stored(t, base_k[l][we])));
-        ASSERT_TRUE(same_bits(others.v[i * bs * kRow + e], stored(t, base_v[l][we])));
+        ASSERT_TRUE(same_bits(others.k[i * bs * kRow + e], bk[we]));
+        ASSERT_TRUE(same_bits(others.v[i * bs * kRow + e], bv[we]));
       }
     }
   }
@@ -251,7 +279,8 @@ TEST_P(PagedKvTest, CopySlotAcrossBlocksInEveryLayer) {
 
 INSTANTIATE_TEST_SUITE_P(TypesAndBlocks, PagedKvTest,
                          ::testing::Values(Param{KvType::kF32, 16}, Param{KvType::kF32, 32},
-                                           Param{KvType::kF16, 16}, Param{KvType::kF16, 32}),
+                                           Param{KvType::kF16, 16}, Param{KvType::kF16, 32},
+                                           Param{KvType::kQ8, 16}, Param{KvType::kQ8, 32}),
                          [](const auto& info) {
                            return std::string(kv_type_name(info.param.type)) + "_bs" +
                                   std::to_string(info.param.block_slots);
@@ -279,10 +308,13 @@ TEST(PagedKv, F16RoundsToNearestEven) {
 }
 
 TEST(PagedKv, BlocksInAndBytes) {
-  for (KvType t : {KvType::kF32, KvType::kF16}) {
+  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kQ8}) {
     for (int64_t bs : {16, 32, 256}) {
       const PagedKvStorage kv(kLayers, kKvHeads, kHeadDim, 3, bs, t);
-      const int64_t per_block = 2 * kLayers * bs * kRow * static_cast<int64_t>(kv_type_bytes(t));
+      // q8_0: a code per element and a float scale per (slot, KV head) row.
+      const int64_t per_block =
+          t == KvType::kQ8 ? 2 * kLayers * bs * (kRow + 4 * kKvHeads)
+                           : 2 * kLayers * bs * kRow * static_cast<int64_t>(kv_type_bytes(t));
       EXPECT_EQ(kv.block_bytes(), per_block) << kv_type_name(t) << " bs " << bs;
       EXPECT_EQ(kv.bytes(), 3 * per_block);
       auto in = [&](int64_t bytes) {
@@ -303,6 +335,9 @@ TEST(PagedKv, BlocksInAndBytes) {
             static_cast<int32_t>(gib / (2 * 30 * 16 * 3 * 64 * 2)));
   EXPECT_EQ(PagedKvStorage::blocks_in(gib, 30, 3, 64, 16, KvType::kF16),
             2 * PagedKvStorage::blocks_in(gib, 30, 3, 64, 16, KvType::kF32));
+  // q8_0: 68 bytes per head row of 64 instead of 128.
+  EXPECT_EQ(PagedKvStorage::blocks_in(gib, 30, 3, 64, 16, KvType::kQ8),
+            static_cast<int32_t>(gib / (2 * 30 * 16 * 3 * 68)));
 }
 
 // --- KvView / kv_run ----------------------------------------------------------------------------
@@ -321,7 +356,7 @@ std::vector<RunSeen> runs_of(const KvView& view, int64_t slot, int64_t n) {
 }
 
 TEST(KvView, ConsecutiveBlocksMergeIntoOneRun) {
-  for (KvType t : {KvType::kF32, KvType::kF16}) {
+  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kQ8}) {
     const int64_t bs = 16;
     PagedKvStorage kv(1, kKvHeads, kHeadDim, 12, bs, t);
     const std::vector<int32_t> table = {4, 5, 6, 2, 9, 10, 3};
@@ -360,6 +395,12 @@ TEST(KvView, ConsecutiveBlocksMergeIntoOneRun) {
       EXPECT_EQ(all[i].offset, offsets[i]) << "run " << i;
       EXPECT_EQ(all[i].run.k, view.k + first_block[i] * kb) << "run " << i;
       EXPECT_EQ(all[i].run.v, view.v + first_block[i] * vb) << "run " << i;
+      if (t == KvType::kQ8) {  // the scales of the run's first block
+        EXPECT_EQ(all[i].run.k_scale, view.k_scale + first_block[i] * kKvHeads * bs) << i;
+        EXPECT_EQ(all[i].run.v_scale, view.v_scale + first_block[i] * kKvHeads * bs) << i;
+      } else {
+        EXPECT_EQ(all[i].run.k_scale, nullptr);
+      }
       EXPECT_EQ(all[i].run.local, 0) << "run " << i;
       EXPECT_EQ(all[i].run.n, lengths[i]) << "run " << i;
     }
@@ -376,6 +417,41 @@ TEST(KvView, ConsecutiveBlocksMergeIntoOneRun) {
     EXPECT_EQ(mid[2].run.k, view.k + 9 * kb);
     EXPECT_EQ(mid[2].run.local, 0);
     EXPECT_EQ(mid[2].run.n, 16);
+  }
+}
+
+// for_run_scales gives each slot of a run the scale of its (block, KV head), block by block,
+// for a run over three consecutive blocks entered and left inside blocks.
+TEST(KvView, RunScalesFollowTheBlocks) {
+  const int64_t bs = 16;
+  PagedKvStorage kv(2, kKvHeads, kHeadDim, 8, bs, KvType::kQ8);
+  const std::vector<int32_t> table = {3, 4, 5, 0};
+  // Row (slot s, head h) of layer 1 holds the value 100 s + h + 1 in every dim, so its scale is
+  // (100 s + h + 1) / 127.
+  const int64_t n = 3 * bs;
+  std::vector<float> rows(static_cast<size_t>(n * kRow));
+  for (int64_t sl = 0; sl < n; ++sl) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      for (int d = 0; d < kHeadDim; ++d) rows[sl * kRow + h * kHeadDim + d] = 100.0f * sl + h + 1;
+    }
+  }
+  kv.write(1, table, 0, n, rows.data(), rows.data());
+  const KvView view = kv.view(1, table.data());
+  const KvRun run = kv_run(view, 5, 40);  // slots 5 .. 44 over blocks 3, 4, 5
+  ASSERT_EQ(run.n, 40);
+  ASSERT_EQ(run.local, 5);
+  for (int h = 0; h < kKvHeads; ++h) {
+    int64_t seen = 0;
+    for_run_scales(view, run.k_scale, run, h, [&](int64_t j, const float* d, int64_t count) {
+      EXPECT_EQ(j, seen);
+      EXPECT_LE(count, bs);
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t slot = 5 + j + i;
+        EXPECT_EQ(d[i], (100.0f * slot + h + 1) / 127.0f) << "slot " << slot << " head " << h;
+      }
+      seen += count;
+    });
+    EXPECT_EQ(seen, 40);
   }
 }
 

@@ -41,7 +41,10 @@
 // K rows a kernel call needs are converted (exactly) into a float tile. Σ p·v reads the f16 V
 // rows directly where the variant has attn_accumulate_f16 (converting as it loads); other
 // variants convert V rows into a float tile too. Either way the arithmetic is that of the float
-// cache on the same values. A thread working
+// cache on the same values. A q8_0 cache goes the same ways with int8 codes in place of halves
+// (attn_scores_k8, attn_accumulate_i8, i8_to_f32_rows), run by run, with the slots' scales
+// applied around the kernels (scale_columns): the K scales on the scores a run produced, the V
+// scales on a copy of the p a run consumes (ops.h has the arithmetic). A thread working
 // on a chunk has the kernels prefetch the next chunk it will work on (AttnPrefetch), a third per
 // KV head, so that the next K/V rows arrive while it computes.
 //
@@ -144,6 +147,8 @@ struct Scratch {
   std::vector<float> v_tile;      // [kChunk, head_dim] V rows of an f16 cache as floats
   std::vector<float> piece;       // [kChunk, head_dim] K or V rows of a run piece (f16 cache)
   std::vector<uint16_t> k_half;   // [kChunk, head_dim] K rows gathered from f16 tiles
+  std::vector<int8_t> k_i8;       // [kChunk, head_dim] K rows gathered from q8_0 tiles
+  std::vector<float> p_scaled;    // [rows, kChunk] p times the V scales (q8_0)
 };
 
 // Both grow to the largest call seen and are kept, so steady-state calls do not allocate
@@ -332,9 +337,34 @@ FloatRows head_rows(const AttentionCall& c, const uint8_t* base, int h, int64_t 
     return {reinterpret_cast<const float*>(base) + offset, c.kv_stride};
   }
   float* t = grow(tile, count * c.s.head_dim);
-  c.kern.f16_to_f32_rows(reinterpret_cast<const uint16_t*>(base) + offset, c.kv_stride, count,
-                         c.s.head_dim, t);
+  if (c.kv_type == KvType::kQ8) {  // the codes (the driver applies the scales)
+    c.kern.i8_to_f32_rows(reinterpret_cast<const int8_t*>(base) + offset, c.kv_stride, count,
+                          c.s.head_dim, t);
+  } else {
+    c.kern.f16_to_f32_rows(reinterpret_cast<const uint16_t*>(base) + offset, c.kv_stride, count,
+                           c.s.head_dim, t);
+  }
   return {t, c.s.head_dim};
+}
+
+// q8_0: p_scaled[r * n + j] = p[r * ld_p + j] · (V scale of slot local + j, KV head h) for the n
+// columns of one run (p · dv, the factor q8_0's Σ p·v takes). p_scaled: [n_q, n].
+const float* scale_p(const AttentionCall& c, int h, const KvRun& run, const float* p, int64_t ld_p,
+                     int n_q, Scratch& sc) {
+  float* out = grow(&sc.p_scaled, static_cast<int64_t>(n_q) * run.n);
+  for_run_scales(c.kv, run.v_scale, run, h, [&](int64_t j0, const float* d, int64_t count) {
+    c.kern.scale_columns(p + j0, ld_p, n_q, d, count, out + j0, run.n);
+  });
+  return out;
+}
+
+// q8_0: the scores of one run's n columns times the slots' K scales (<q, c_j> · dk_j), for n_q
+// rows of s (ld_s apart).
+void scale_scores(const AttentionCall& c, int h, const KvRun& run, float* s, int64_t ld_s,
+                  int n_q) {
+  for_run_scales(c.kv, run.k_scale, run, h, [&](int64_t j0, const float* d, int64_t count) {
+    c.kern.scale_columns(s + j0, ld_s, n_q, d, count, s + j0, ld_s);
+  });
 }
 
 // Σ p·v over the V rows [slot, slot + count) of KV head h for n_q rows of p (ld_p apart):
@@ -352,7 +382,23 @@ void sum_pv(const AttentionCall& c, int h, int64_t slot, int64_t count, const fl
   for_kv_runs(c.kv, slot, count, [&](int64_t o, const KvRun& run) {
     SPECDEC_DCHECK(wo == nullptr || run.n == count, "sum_pv: a merge over several runs");
     const float* p_run = p + o;  // the run's columns
+    int64_t ld_run = ld_p;
     const AttnPrefetch hint = o == 0 ? next : AttnPrefetch{};
+    if (c.kv_type == KvType::kQ8) {
+      p_run = scale_p(c, h, run, p_run, ld_p, n_q, thread_scratch());
+      ld_run = run.n;
+      if (c.kern.attn_accumulate_i8 != nullptr) {
+        const int8_t* v = reinterpret_cast<const int8_t*>(run.v) + run.local * c.kv_stride +
+                          static_cast<int64_t>(h) * hd;  // rows c.kv_stride codes apart
+        if (wo != nullptr) {
+          c.kern.attn_accumulate_merge_i8(p_run, ld_run, n_q, v, c.kv_stride, run.n, hd, wo, wn,
+                                          out, hint);
+        } else {
+          c.kern.attn_accumulate_i8(p_run, ld_run, n_q, v, c.kv_stride, run.n, hd, out, hint);
+        }
+        return;
+      }
+    }
     if (c.kv_type == KvType::kF16 && c.kern.attn_accumulate_f16 != nullptr) {
       const uint16_t* v = reinterpret_cast<const uint16_t*>(run.v) + run.local * c.kv_stride +
                           static_cast<int64_t>(h) * hd;  // rows c.kv_stride halves apart
@@ -366,9 +412,9 @@ void sum_pv(const AttentionCall& c, int h, int64_t slot, int64_t count, const fl
     }
     const FloatRows v = head_rows(c, run.v, h, run.local, run.n, tile);
     if (wo != nullptr) {
-      c.kern.attn_accumulate_merge(p_run, ld_p, n_q, v.p, v.stride, run.n, hd, wo, wn, out, hint);
+      c.kern.attn_accumulate_merge(p_run, ld_run, n_q, v.p, v.stride, run.n, hd, wo, wn, out, hint);
     } else {
-      c.kern.attn_accumulate(p_run, ld_p, n_q, v.p, v.stride, run.n, hd, out, hint);
+      c.kern.attn_accumulate(p_run, ld_run, n_q, v.p, v.stride, run.n, hd, out, hint);
     }
   });
 }
@@ -385,8 +431,15 @@ FloatRows k_head_rows(const AttentionCall& c, int h, const KvRun& run, std::vect
                       Scratch& sc) {
   if (!k_tiled(c.kv_type)) return head_rows(c, run.k, h, run.local, run.n, tile);
   const int64_t hd = c.s.head_dim, n_kv = c.s.n_kv_heads;
-  const auto* tiles = reinterpret_cast<const uint16_t*>(run.k);
   float* t = grow(tile, run.n * hd);  // [run.n, head_dim]
+  if (c.kv_type == KvType::kQ8) {     // the codes, gathered into rows and converted
+    int8_t* rows = grow(&sc.k_i8, run.n * hd);  // [run.n, head_dim]
+    k_tiles_to_head_rows(reinterpret_cast<const int8_t*>(run.k), run.local, run.n, h, n_kv, hd,
+                         rows, hd);
+    c.kern.i8_to_f32_rows(rows, hd, run.n, c.s.head_dim, t);
+    return {t, hd};
+  }
+  const auto* tiles = reinterpret_cast<const uint16_t*>(run.k);
   if (run.local % kKTileSlots == 0 && c.kern.k16_tiles_to_rows != nullptr) {
     c.kern.k16_tiles_to_rows(tiles + k_tile_index(run.local, h, 0, n_kv, hd),
                              n_kv * hd * kKTileSlots, run.n, c.s.head_dim, t);
@@ -408,6 +461,19 @@ void scores_rows(const AttentionCall& c, int h, const float* packed, int n_q, in
   const int64_t hd = c.s.head_dim, n_kv = c.s.n_kv_heads;
   for_kv_runs(c.kv, slot, count, [&](int64_t o, const KvRun& run) {
     const AttnPrefetch hint = o == 0 ? next : AttnPrefetch{};
+    if (c.kv_type == KvType::kQ8) {
+      if (tiles && c.kern.attn_scores_k8 != nullptr && run.local % kKTileSlots == 0) {
+        c.kern.attn_scores_k8(
+            packed, n_q,
+            reinterpret_cast<const int8_t*>(run.k) + k_tile_index(run.local, h, 0, n_kv, hd),
+            n_kv * hd * kKTileSlots, run.n, c.s.head_dim, s + o, kChunk, hint);
+      } else {
+        const FloatRows k = k_head_rows(c, h, run, tile, sc);
+        c.kern.attn_scores(packed, n_q, k.p, k.stride, run.n, c.s.head_dim, s + o, kChunk, hint);
+      }
+      scale_scores(c, h, run, s + o, kChunk, n_q);
+      return;
+    }
     if (tiles && k_tiled(c.kv_type) && c.kern.attn_scores_k16 != nullptr &&
         run.local % kKTileSlots == 0) {
       c.kern.attn_scores_k16(
@@ -843,11 +909,13 @@ void attention(const AttentionShape& s, const float* q, const KvView& kv, const 
 
 void attention_isa(Isa isa, const AttentionShape& s, const float* q, const void* k, const void* v,
                    KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool) {
+  SPECDEC_CHECK(kv_type != KvType::kQ8, "attention: a q8_0 cache is read through its KvView");
   attention_isa(isa, s, q, KvView::contiguous(k, v, kv_type, s.n_past + s.n_new), mask, out, pool);
 }
 
 void attention(const AttentionShape& s, const float* q, const void* k, const void* v,
                KvType kv_type, const uint8_t* mask, float* out, ThreadPool* pool) {
+  SPECDEC_CHECK(kv_type != KvType::kQ8, "attention: a q8_0 cache is read through its KvView");
   attention(s, q, KvView::contiguous(k, v, kv_type, s.n_past + s.n_new), mask, out, pool);
 }
 

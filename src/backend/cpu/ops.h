@@ -56,6 +56,12 @@ void f16_to_f32(const uint16_t* x, int64_t n, float* y);
 //        is in tiles of 16 slots instead (backend/k_tiles.h: [ceil(slots / 16), n_kv_heads,
 //        head_dim, 16], the whole last tile allocated). f16 values enter the arithmetic exactly,
 //        so the result is that of the float cache holding the same values.
+//        kQ8 (only through a KvView, which carries the scales): K tiles and V rows of int8 codes
+//        c with a scale d per (slot, KV head). The arithmetic is that of the float cache
+//        holding the codes, except that each score is multiplied by its slot's K scale before
+//        the softmax (s_j = <q, c_j> · dk_j) and each p by its slot's V scale before Σ p·v
+//        (a += (p_j · dv_j) · c_j); the softmax sum l takes the unscaled p. So a q8_0 score
+//        costs the f16 one's instructions, and the invariance below holds as for f16.
 //   mask: [n_new, n_new] row-major, mask[i * n_new + j] != 0 if new token i may attend to new
 //        token j; nullptr means causal (j <= i). Every query sees all n_past cached slots.
 //   out: [n_new, n_heads, head_dim]
@@ -254,6 +260,28 @@ struct OpsKernels {
   // rounded products, as the reference computes it, so every variant gives the same bits.
   void (*rope_apply)(float* x, const float* cos_sin, int64_t n_tokens, int n_heads, int head_dim,
                      int rope_dim, RopeStyle style);
+  // The q8_0 cache (KvType::kQ8) holds int8 codes; these read them as floats (exactly), and the
+  // driver applies the slots' scales around them (attention_driver.cpp).
+  // dst[r * cols + c] = float(src[r * src_stride + c]) for r < n_rows, c < cols.
+  void (*i8_to_f32_rows)(const int8_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                         float* dst);
+  // attn_scores_k16 over K tiles of codes (the same tile layout, elements int8): each score
+  // bitwise what attn_scores gives on the codes as float rows. nullptr: the driver converts.
+  void (*attn_scores_k8)(const float* packed_q, int n_q, const int8_t* kt, int64_t tile_stride,
+                         int64_t n_slots, int head_dim, float* s, int64_t ld_s, AttnPrefetch next);
+  // attn_accumulate / attn_accumulate_merge over V rows of codes (v_stride in codes), each code
+  // converted as it is loaded: bitwise the float kernels on the converted rows. nullptr: the
+  // driver converts the rows.
+  void (*attn_accumulate_i8)(const float* p, int64_t ld_p, int n_q, const int8_t* v,
+                             int64_t v_stride, int64_t n_rows, int head_dim, float* out,
+                             AttnPrefetch next);
+  void (*attn_accumulate_merge_i8)(const float* p, int64_t ld_p, int n_q, const int8_t* v,
+                                   int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                                   const float* wn, float* big_a, AttnPrefetch next);
+  // out[r * ld_out + j] = x[r * ld_x + j] · d[j] for r < n_rows, j < n (one rounded product, so
+  // every variant gives the same bits; out may be x): the q8_0 scales on scores and on p.
+  void (*scale_columns)(const float* x, int64_t ld_x, int n_rows, const float* d, int64_t n,
+                        float* out, int64_t ld_out);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)

@@ -559,6 +559,33 @@ void f16_to_f32_rows_avx2(const uint16_t* src, int64_t src_stride, int64_t n_row
   }
 }
 
+void i8_to_f32_rows_avx2(const int8_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                         float* dst) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int8_t* s = src + r * src_stride;
+    float* d = dst + r * cols;
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+      const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + c));
+      _mm256_storeu_ps(d + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)));
+    }
+    for (; c < cols; ++c) d[c] = static_cast<float>(s[c]);
+  }
+}
+
+void scale_columns_avx2(const float* x, int64_t ld_x, int n_rows, const float* d, int64_t n,
+                        float* out, int64_t ld_out) {
+  for (int r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * ld_x;
+    float* o = out + r * ld_out;
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(xr + j), _mm256_loadu_ps(d + j)));
+    }
+    for (; j < n; ++j) o[j] = xr[j] * d[j];
+  }
+}
+
 }  // namespace
 
 const OpsKernels& ops_kernels_avx2() {
@@ -576,6 +603,10 @@ const OpsKernels& ops_kernels_avx2() {
       nullptr,              nullptr,
       nullptr,              nullptr,
       ops_kernels_ref().rope_apply,  // a few rotations per head: the reference serves AVX2 hosts
+      // q8_0: no fused kernels either; the codes are converted into float rows.
+      i8_to_f32_rows_avx2,  nullptr,
+      nullptr,              nullptr,
+      scale_columns_avx2,
   };
   // clang-format on
   return kernels;

@@ -409,14 +409,25 @@ inline __m512 load_f16(const uint16_t* p) {
 // Dim d of the 16 slots of the K tile at `tile` ([head_dim, 16] halves), as floats.
 inline __m512 k16_dim(const uint16_t* tile, int d) { return load_f16(tile + d * kKTileSlots); }
 
+// The 16 int8 codes at p as floats (exact; the q8_0 cache).
+inline __m512 load_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Dim d of the 16 slots of a q8_0 K tile ([head_dim, 16] codes), as floats. The kernels below
+// take either tile type (KT = uint16_t: halves, int8_t: codes); the arithmetic is the same.
+inline __m512 k16_dim(const int8_t* tile, int d) {
+  return load_i8(tile + d * kKTileSlots);
+}
+
 // Rows r0 .. r0 + R - 1 (R <= 3) of the packed q against V (1..2) tiles of K, scores into s
 // (row r at s + r * ld_s, slot 16 v + lane at column 16 v + lane); `slots`: the valid columns
 // (the rest of the tiles is computed and not stored). Tile v at kt + v * tile_stride; dim d of a
 // tile is its 16 halves at d * 16. pf (may be null) steps once per 4 dims.
-template <int R, int V>
-void scores_k16_block(const float* packed, int r0, int steps, const uint16_t* kt,
-                      int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
-                      AttnPrefetchCursor* pf) {
+template <int R, int V, class KT>
+void scores_k16_block(const float* packed, int r0, int steps, const KT* kt, int64_t tile_stride,
+                      int head_dim, float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor* pf) {
   const float* qr[R];  // row r's phase-0 element of step 0; step m, phase p at qr[r][16 m + p]
 #pragma GCC unroll 3
   for (int r = 0; r < R; ++r) {
@@ -468,22 +479,21 @@ void scores_k16_block(const float* packed, int r0, int steps, const uint16_t* kt
 }
 
 // All n_q rows, by passes of up to 3, against the V tiles from kt; the first pass steps pf.
-template <int V>
-void scores_k16_rows(const float* packed, int n_q, int steps, const uint16_t* kt,
-                     int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
-                     AttnPrefetchCursor& pf) {
+template <int V, class KT>
+void scores_k16_rows(const float* packed, int n_q, int steps, const KT* kt, int64_t tile_stride,
+                     int head_dim, float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor& pf) {
   AttnPrefetchCursor* step = &pf;
   int r = 0;
   for (; r + 3 <= n_q; r += 3, step = nullptr) {
-    scores_k16_block<3, V>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s, slots,
-                           step);
+    scores_k16_block<3, V, KT>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s,
+                               slots, step);
   }
   if (n_q - r == 2) {
-    scores_k16_block<2, V>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s, slots,
-                           step);
+    scores_k16_block<2, V, KT>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s,
+                               slots, step);
   } else if (n_q - r == 1) {
-    scores_k16_block<1, V>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s, slots,
-                           step);
+    scores_k16_block<1, V, KT>(packed, r, steps, kt, tile_stride, head_dim, s + r * ld_s, ld_s,
+                               slots, step);
   }
 }
 
@@ -497,9 +507,9 @@ void scores_k16_rows(const float* packed, int n_q, int steps, const uint16_t* kt
 // ~12% of an 8-token attention's samples). A 3-row pass keeps all four phases in registers
 // instead (scores_k16_block: 4-8% faster for decode than this kernel).
 // pf (may be null) steps once per 4 dims of phase 0.
-template <int R, int V>
-void scores_k16_phased(const float* packed, int r0, int steps, const uint16_t* kt,
-                       int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
+template <int R, int V, class KT>
+void scores_k16_phased(const float* packed, int r0, int steps, const KT* kt, int64_t tile_stride,
+                       int head_dim, float* s, int64_t ld_s, int64_t slots,
                        AttnPrefetchCursor* pf) {
   // r0 is a multiple of 4: row r's step m, phase p at grp[r / 4][16 m + (r % 4) * 4 + p].
   constexpr int kGroups = (R + 3) / 4;
@@ -556,11 +566,11 @@ void scores_k16_phased(const float* packed, int r0, int steps, const uint16_t* k
 }
 
 // The phased kernel for R = rows (1..P) rows, R a run-time value.
-template <int V, int P, int... R>
+template <int V, int P, class KT, int... R>
 constexpr auto phased_by_rows(std::integer_sequence<int, R...>) {
-  using Fn = void (*)(const float*, int, int, const uint16_t*, int64_t, int, float*, int64_t,
-                      int64_t, AttnPrefetchCursor*);
-  return std::array<Fn, sizeof...(R)>{scores_k16_phased<R + 1, V>...};
+  using Fn = void (*)(const float*, int, int, const KT*, int64_t, int, float*, int64_t, int64_t,
+                      AttnPrefetchCursor*);
+  return std::array<Fn, sizeof...(R)>{scores_k16_phased<R + 1, V, KT>...};
 }
 
 // Rows per pass of the phased kernel by tiles per pass: each q broadcast feeds V FMAs and each
@@ -572,12 +582,11 @@ inline constexpr int kPhasedRows = V == 4 ? 6 : 12;
 // All n_q rows (4 or more; at most kPhasedRows<V> for V = 4) against the V tiles from kt, by
 // passes of at most kPhasedRows<V> rows, each starting at a row group of the packed q (a multiple
 // of 4 rows); the first pass steps pf.
-template <int V>
-void scores_k16_many(const float* packed, int n_q, int steps, const uint16_t* kt,
-                     int64_t tile_stride, int head_dim, float* s, int64_t ld_s, int64_t slots,
-                     AttnPrefetchCursor& pf) {
+template <int V, class KT>
+void scores_k16_many(const float* packed, int n_q, int steps, const KT* kt, int64_t tile_stride,
+                     int head_dim, float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor& pf) {
   constexpr int P = kPhasedRows<V>;
-  static constexpr auto kByRows = phased_by_rows<V, P>(std::make_integer_sequence<int, P>{});
+  static constexpr auto kByRows = phased_by_rows<V, P, KT>(std::make_integer_sequence<int, P>{});
   const int groups = (n_q + 3) / 4;
   const int passes = (n_q + P - 1) / P;
   AttnPrefetchCursor* step = &pf;
@@ -591,25 +600,25 @@ void scores_k16_many(const float* packed, int n_q, int steps, const uint16_t* kt
 
 // Tiles [t, tiles) by groups of V while whole groups last (t advances past them), with the
 // phased kernel (4+ rows) or the 3-row one.
-template <int V, bool kPhased>
-void scores_k16_tile_groups(const float* packed, int n_q, int steps, const uint16_t* kt,
+template <int V, bool kPhased, class KT>
+void scores_k16_tile_groups(const float* packed, int n_q, int steps, const KT* kt,
                             int64_t tile_stride, int head_dim, float* s, int64_t ld_s,
                             int64_t n_slots, int64_t tiles, int64_t& t, AttnPrefetchCursor& pf) {
   for (; t + V <= tiles; t += V) {
-    const uint16_t* first = kt + t * tile_stride;  // the group's first tile
+    const KT* first = kt + t * tile_stride;  // the group's first tile
     float* st = s + t * kKTileSlots;
     const int64_t slots = n_slots - t * kKTileSlots;
     if constexpr (kPhased) {
-      scores_k16_many<V>(packed, n_q, steps, first, tile_stride, head_dim, st, ld_s, slots, pf);
+      scores_k16_many<V, KT>(packed, n_q, steps, first, tile_stride, head_dim, st, ld_s, slots, pf);
     } else {
-      scores_k16_rows<V>(packed, n_q, steps, first, tile_stride, head_dim, st, ld_s, slots, pf);
+      scores_k16_rows<V, KT>(packed, n_q, steps, first, tile_stride, head_dim, st, ld_s, slots, pf);
     }
   }
 }
 
-void attn_scores_k16_avx512(const float* packed, int n_q, const uint16_t* kt, int64_t tile_stride,
-                            int64_t n_slots, int head_dim, float* s, int64_t ld_s,
-                            AttnPrefetch next) {
+template <class KT>
+void scores_tiles(const float* packed, int n_q, const KT* kt, int64_t tile_stride, int64_t n_slots,
+                  int head_dim, float* s, int64_t ld_s, AttnPrefetch next) {
   const int steps = (head_dim + 3) / 4;
   const int64_t tiles = (n_slots + kKTileSlots - 1) / kKTileSlots;
   int64_t t = 0;
@@ -620,23 +629,35 @@ void attn_scores_k16_avx512(const float* packed, int n_q, const uint16_t* kt, in
     const int64_t groups = wide + (tiles - 4 * wide + 1) / 2;
     AttnPrefetchCursor pf(next, groups * ((head_dim + 3) / 4));
     if (wide > 0) {
-      scores_k16_tile_groups<4, true>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s,
-                                      n_slots, tiles, t, pf);
+      scores_k16_tile_groups<4, true, KT>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s,
+                                          n_slots, tiles, t, pf);
     }
-    scores_k16_tile_groups<2, true>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
-                                    tiles, t, pf);
-    scores_k16_tile_groups<1, true>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
-                                    tiles, t, pf);
+    scores_k16_tile_groups<2, true, KT>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s,
+                                        n_slots, tiles, t, pf);
+    scores_k16_tile_groups<1, true, KT>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s,
+                                        n_slots, tiles, t, pf);
     pf.rest();
     return;
   }
   // Decode (1-3 rows): pf steps once per 4 full dims of each pair of tiles.
   AttnPrefetchCursor pf(next, (tiles + 1) / 2 * (head_dim / 4));
-  scores_k16_tile_groups<2, false>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
-                                   tiles, t, pf);
-  scores_k16_tile_groups<1, false>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s, n_slots,
-                                   tiles, t, pf);
+  scores_k16_tile_groups<2, false, KT>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s,
+                                       n_slots, tiles, t, pf);
+  scores_k16_tile_groups<1, false, KT>(packed, n_q, steps, kt, tile_stride, head_dim, s, ld_s,
+                                       n_slots, tiles, t, pf);
   pf.rest();
+}
+
+void attn_scores_k16_avx512(const float* packed, int n_q, const uint16_t* kt, int64_t tile_stride,
+                            int64_t n_slots, int head_dim, float* s, int64_t ld_s,
+                            AttnPrefetch next) {
+  scores_tiles(packed, n_q, kt, tile_stride, n_slots, head_dim, s, ld_s, next);
+}
+
+void attn_scores_k8_avx512(const float* packed, int n_q, const int8_t* kt, int64_t tile_stride,
+                           int64_t n_slots, int head_dim, float* s, int64_t ld_s,
+                           AttnPrefetch next) {
+  scores_tiles(packed, n_q, kt, tile_stride, n_slots, head_dim, s, ld_s, next);
 }
 
 // --- attention chunk softmax and merge ------------------------------------------------------
@@ -778,6 +799,13 @@ inline __m512 load_v(__mmask16 m, const uint16_t* v) {
 // (8-token forward pass at 512 cached 0.988-0.989x, paired A/B).
 inline __m512 load_v(const float* v) { return _mm512_loadu_ps(v); }
 inline __m512 load_v(const uint16_t* v) { return load_f16(v); }
+// 16 codes of a q8_0 V row, converted exactly.
+inline __m512 load_v(__mmask16 m, const int8_t* v) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, v)));
+}
+inline __m512 load_v(const int8_t* v) {
+  return load_i8(v);
+}
 
 // The cursor is stepped through a local copy, which stays in registers across the loop (stepped
 // through the reference, its position went to memory every V row: attention op 1.5-2% slower at
@@ -919,6 +947,45 @@ void attn_accumulate_merge_f16_avx512(const float* p, int64_t ld_p, int n_q, con
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
+void attn_accumulate_i8_avx512(const float* p, int64_t ld_p, int n_q, const int8_t* v,
+                               int64_t v_stride, int64_t n_rows, int head_dim, float* out,
+                               AttnPrefetch next) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
+}
+
+void attn_accumulate_merge_i8_avx512(const float* p, int64_t ld_p, int n_q, const int8_t* v,
+                                     int64_t v_stride, int64_t n_rows, int head_dim,
+                                     const float* wo, const float* wn, float* big_a,
+                                     AttnPrefetch next) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
+}
+
+void i8_to_f32_rows_avx512(const int8_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                           float* dst) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int8_t* s = src + r * src_stride;  // [cols]
+    float* d = dst + r * cols;               // [cols]
+    for (int c = 0; c < cols; c += kLanes) {
+      const __mmask16 t = tail_mask(cols - c < kLanes ? cols - c : kLanes);
+      _mm512_mask_storeu_ps(d + c, t, load_v(t, s + c));
+    }
+  }
+}
+
+void scale_columns_avx512(const float* x, int64_t ld_x, int n_rows, const float* d, int64_t n,
+                          float* out, int64_t ld_out) {
+  for (int r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * ld_x;
+    float* o = out + r * ld_out;
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const __mmask16 t = tail_mask(n - j < kLanes ? n - j : kLanes);
+      _mm512_mask_storeu_ps(
+          o + j, t,
+          _mm512_mul_ps(_mm512_maskz_loadu_ps(t, xr + j), _mm512_maskz_loadu_ps(t, d + j)));
+    }
+  }
+}
+
 // 16 floats per conversion; tails with lane masks.
 void f32_to_f16_avx512(const float* x, int64_t n, uint16_t* y) {
   for (int64_t i = 0; i < n; i += kLanes) {
@@ -1031,6 +1098,9 @@ const OpsKernels& ops_kernels_avx512() {
       attn_scores_k16_avx512,     k16_tiles_to_rows_avx512,
       attn_accumulate_f16_avx512, attn_accumulate_merge_f16_avx512,
       rope_apply_avx512,
+      i8_to_f32_rows_avx512,      attn_scores_k8_avx512,
+      attn_accumulate_i8_avx512,  attn_accumulate_merge_i8_avx512,
+      scale_columns_avx512,
   };
   // clang-format on
   return kernels;

@@ -162,6 +162,20 @@ void f16_to_f32_rows_ref(const uint16_t* src, int64_t src_stride, int64_t n_rows
   }
 }
 
+void i8_to_f32_rows_ref(const int8_t* src, int64_t src_stride, int64_t n_rows, int cols,
+                        float* dst) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int c = 0; c < cols; ++c) dst[r * cols + c] = static_cast<float>(src[r * src_stride + c]);
+  }
+}
+
+void scale_columns_ref(const float* x, int64_t ld_x, int n_rows, const float* d, int64_t n,
+                       float* out, int64_t ld_out) {
+  for (int r = 0; r < n_rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) out[r * ld_out + j] = x[r * ld_x + j] * d[j];
+  }
+}
+
 // The products are rounded before the sum (no contraction into an FMA, which a -march=native
 // build would otherwise allow), so the SIMD variants can match bit for bit.
 [[gnu::optimize("fp-contract=off")]] void rope_apply_ref(float* x, const float* cos_sin,
@@ -206,6 +220,10 @@ const OpsKernels& ops_kernels_ref() {
       nullptr,             nullptr,
       nullptr,             nullptr,
       rope_apply_ref,
+      // q8_0: the driver converts the codes for the float kernels.
+      i8_to_f32_rows_ref,  nullptr,
+      nullptr,             nullptr,
+      scale_columns_ref,
   };
   // clang-format on
   return kernels;

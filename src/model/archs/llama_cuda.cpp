@@ -288,6 +288,9 @@ class CudaLlamaModel final : public Model {
   const char* device_name() const override { return "cuda"; }
   std::unique_ptr<KvDeviceMemory> make_kv_device_memory(int32_t n_blocks, int64_t block_slots,
                                                         KvType type) const override {
+    if (type == KvType::kQ8) {
+      throw Error("the q8_0 KV cache runs on the CPU only; use --kv-type f16 or f32 on the GPU");
+    }
     return std::make_unique<CudaKvMemory>(config_.n_layers, config_.n_kv_heads, config_.head_dim,
                                           n_blocks, block_slots, type);
   }
