@@ -283,6 +283,8 @@ void run_bench(BenchOptions& o) {
                                                 kv_type_from_option(o.kv_type));
   j["verify_cost_ratio"] = verify.ratio;
   j["verify_cost_ratio_best"] = verify.best_ratio;
+  j["verify_pass_1_ms"] = verify.ms_1;
+  j["verify_pass_8_ms"] = verify.ms_8;
   j["verify_context"] = verify_context;
   j["verify_pairs"] = o.verify_pairs;
 

@@ -194,18 +194,22 @@ VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int 
   // cost with the least interference; on a busy host it usually lies below the median, since
   // the compute-bound 8-token pass loses more to a busy neighbour than the memory-bound 1-token
   // pass does.
-  std::vector<double> ratios;
+  std::vector<double> ratios, ones, eights;
   double best1 = 0, best8 = 0;
   for (int r = 0; r < reps; ++r) {
     const double t1 = pass(1);
     const double t8 = pass(8);
     ratios.push_back(t8 / t1);
+    ones.push_back(t1);
+    eights.push_back(t8);
     best1 = r == 0 ? t1 : std::min(best1, t1);
     best8 = r == 0 ? t8 : std::min(best8, t8);
   }
   VerifyCost cost;
   cost.ratio = median(ratios);
   cost.best_ratio = best8 / best1;
+  cost.ms_1 = median(ones) * 1e3;
+  cost.ms_8 = median(eights) * 1e3;
   return cost;
 }
 

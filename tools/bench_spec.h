@@ -20,6 +20,8 @@ namespace specdec::cli {
 struct VerifyCost {
   double ratio = 0;       // median over the pairs of their ratio (the headline figure)
   double best_ratio = 0;  // fastest 8-token pass / fastest 1-token pass of the same pairs
+  double ms_1 = 0;        // median 1-token pass, ms (the ratio's parts, to compare builds)
+  double ms_8 = 0;        // median 8-token pass, ms
 };
 VerifyCost measure_verify_cost(Model& model, ThreadPool* pool, int context, int reps,
                                KvType kv_type);

@@ -432,8 +432,14 @@ FloatRows k_head_rows(const AttentionCall& c, int h, const KvRun& run, std::vect
   if (!k_tiled(c.kv_type)) return head_rows(c, run.k, h, run.local, run.n, tile);
   const int64_t hd = c.s.head_dim, n_kv = c.s.n_kv_heads;
   float* t = grow(tile, run.n * hd);  // [run.n, head_dim]
-  if (c.kv_type == KvType::kQ8) {     // the codes, gathered into rows and converted
-    int8_t* rows = grow(&sc.k_i8, run.n * hd);  // [run.n, head_dim]
+  if (c.kv_type == KvType::kQ8) {     // the codes as float rows
+    const auto* codes = reinterpret_cast<const int8_t*>(run.k);
+    if (run.local % kKTileSlots == 0 && c.kern.k8_tiles_to_rows != nullptr) {
+      c.kern.k8_tiles_to_rows(codes + k_tile_index(run.local, h, 0, n_kv, hd),
+                              n_kv * hd * kKTileSlots, run.n, c.s.head_dim, t);
+      return {t, hd};
+    }
+    int8_t* rows = grow(&sc.k_i8, run.n * hd);  // [run.n, head_dim], gathered
     k_tiles_to_head_rows(reinterpret_cast<const int8_t*>(run.k), run.local, run.n, h, n_kv, hd,
                          rows, hd);
     c.kern.i8_to_f32_rows(rows, hd, run.n, c.s.head_dim, t);

@@ -282,6 +282,10 @@ struct OpsKernels {
   // every variant gives the same bits; out may be x): the q8_0 scales on scores and on p.
   void (*scale_columns)(const float* x, int64_t ld_x, int n_rows, const float* d, int64_t n,
                         float* out, int64_t ld_out);
+  // k16_tiles_to_rows over K tiles of codes: dst[j * head_dim + d] = float(code of slot j, dim d).
+  // nullptr: the driver gathers the codes itself.
+  void (*k8_tiles_to_rows)(const int8_t* kt, int64_t tile_stride, int64_t n_slots, int head_dim,
+                           float* dst);
 };
 const OpsKernels& ops_kernels_ref();
 const OpsKernels& ops_kernels_avx2();    // only call where isa_supported(Isa::kAvx2)

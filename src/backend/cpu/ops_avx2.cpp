@@ -2,15 +2,28 @@
 // Isa::kAvx2). Compiled with -mavx2 -mfma; only called where the CPU supports them.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "backend/cpu/ops.h"
+#include "backend/k_tiles.h"
 
 namespace specdec {
 namespace {
 
 constexpr int kLanes = 8;
+
+// One K/V element as a float (exact): a float, an IEEE half or a q8_0 code.
+inline float to_float(float x) {
+  return x;
+}
+inline float to_float(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+inline float to_float(int8_t c) {
+  return static_cast<float>(c);
+}
 
 // Lane mask for the first n (0..8) lanes: loadu(kTailMask + 8 - n).
 alignas(32) constexpr int32_t kTailMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
@@ -390,13 +403,40 @@ void attn_merge_rows_avx2(const float* a, int n_q, int head_dim, const float* wo
 // accumulators in named registers. kMasked: the two chunks cover only the lanes of m0 and m1.
 // kMerge: the sums start from zero and end as out = fma(out, wo[r], sum·wn[r])
 // (attn_merge_rows' arithmetic).
-template <int R, bool kMasked, bool kMerge>
-void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, __m256i m0, __m256i m1, const float* wo, const float* wn,
-                     float* out, AttnPrefetchCursor& pf) {
+// 8 values of a V row as floats: floats, IEEE halves (F16C) or int8 codes (q8_0), each converted
+// exactly. The first n (<= 8) lanes where masked (the rest zero; the halves and codes of a
+// masked tail go through a buffer, as there is no masked 16- or 8-bit load).
+inline __m256 load_v8(const float* x) {
+  return _mm256_loadu_ps(x);
+}
+inline __m256 load_v8(const uint16_t* x) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+}
+inline __m256 load_v8(const int8_t* x) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
+}
+inline __m256 load_v8_masked(const float* x, __m256i m, int) {
+  return _mm256_maskload_ps(x, m);
+}
+template <class V>
+inline __m256 load_v8_masked(const V* x, __m256i, int n) {
+  alignas(32) float buf[kLanes] = {};
+  for (int i = 0; i < n; ++i) buf[i] = to_float(x[i]);
+  return _mm256_load_ps(buf);
+}
+
+template <int R, bool kMasked, bool kMerge, class V>
+void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
+                     int head_dim, __m256i m0, __m256i m1, int n0, int n1, const float* wo,
+                     const float* wn, float* out, AttnPrefetchCursor& pf) {
   auto load = [](const float* x, __m256i m) {
     if constexpr (kMasked) return _mm256_maskload_ps(x, m);
     return _mm256_loadu_ps(x);
+  };
+  auto load_row = [](const V* x, __m256i m, int n) {
+    if constexpr (kMasked) return load_v8_masked(x, m, n);
+    return load_v8(x);
   };
   auto store = [](float* x, __m256i m, __m256 a) {
     if constexpr (kMasked) {
@@ -432,9 +472,9 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
   if constexpr (R > 3) a30 = start(o3, m0), a31 = start(o3 + kLanes, m1);
   for (int64_t j = 0; j < n_rows; ++j) {
     pf.step();
-    const float* vj = v + j * v_stride;
-    const __m256 v0 = load(vj, m0);
-    const __m256 v1 = load(vj + kLanes, m1);
+    const V* vj = v + j * v_stride;
+    const __m256 v0 = load_row(vj, m0, n0);
+    const __m256 v1 = load_row(vj + kLanes, m1, n1);
     __m256 pr = _mm256_broadcast_ss(p0 + j);
     a00 = _mm256_fmadd_ps(pr, v0, a00);
     a01 = _mm256_fmadd_ps(pr, v1, a01);
@@ -461,28 +501,27 @@ void accumulate_pass(const float* p, int64_t ld_p, const float* v, int64_t v_str
 }
 
 // Rows r0 .. r0 + R - 1 of the call: one pass per 16 dims.
-template <int R, bool kMerge>
-void accumulate_rows(const float* p, int64_t ld_p, const float* v, int64_t v_stride, int64_t n_rows,
+template <int R, bool kMerge, class V>
+void accumulate_rows(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, const float* wo, const float* wn, float* out,
                      AttnPrefetchCursor& pf) {
   const __m256i all = tail_mask(kLanes);
   int d = 0;
   for (; d + 2 * kLanes <= head_dim; d += 2 * kLanes) {
-    accumulate_pass<R, false, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, all, all, wo, wn,
-                                      out + d, pf);
+    accumulate_pass<R, false, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, all, all, kLanes,
+                                      kLanes, wo, wn, out + d, pf);
   }
   if (d < head_dim) {
     const int rem = head_dim - d;  // 1..15
-    const __m256i m0 = tail_mask(rem < kLanes ? rem : kLanes);
-    const __m256i m1 = tail_mask(rem > kLanes ? rem - kLanes : 0);
-    accumulate_pass<R, true, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, m0, m1, wo, wn,
-                                     out + d, pf);
+    const int n0 = rem < kLanes ? rem : kLanes, n1 = rem > kLanes ? rem - kLanes : 0;
+    accumulate_pass<R, true, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, tail_mask(n0),
+                                     tail_mask(n1), n0, n1, wo, wn, out + d, pf);
   }
 }
 
 // Each V row step of each pass is a step of the prefetch cursor.
-template <bool kMerge>
-void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+template <bool kMerge, class V>
+void accumulate_all(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v_stride,
                     int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out,
                     AttnPrefetch next) {
   const int passes = (n_q + 3) / 4 * ((head_dim + 2 * kLanes - 1) / (2 * kLanes));
@@ -490,20 +529,23 @@ void accumulate_all(const float* p, int64_t ld_p, int n_q, const float* v, int64
   int r = 0;
   auto w = [&r](const float* x) { return kMerge ? x + r : x; };  // row r's weights
   for (; r + 4 <= n_q; r += 4) {
-    accumulate_rows<4, kMerge>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
-                               out + r * head_dim, pf);
+    accumulate_rows<4, kMerge, V>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
+                                  out + r * head_dim, pf);
   }
   const float* pr = p + r * ld_p;
   float* out_r = out + r * head_dim;
   switch (n_q - r) {
     case 3:
-      accumulate_rows<3, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<3, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     case 2:
-      accumulate_rows<2, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<2, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     case 1:
-      accumulate_rows<1, kMerge>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r, pf);
+      accumulate_rows<1, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
+                                    pf);
       break;
     default:
       break;
@@ -520,6 +562,90 @@ void attn_accumulate_merge_avx2(const float* p, int64_t ld_p, int n_q, const flo
                                 int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
                                 const float* wn, float* big_a, AttnPrefetch next) {
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
+}
+
+void attn_accumulate_f16_avx2(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
+                              int64_t v_stride, int64_t n_rows, int head_dim, float* out,
+                              AttnPrefetch next) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
+}
+
+void attn_accumulate_merge_f16_avx2(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
+                                    int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                                    const float* wn, float* big_a, AttnPrefetch next) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
+}
+
+void attn_accumulate_i8_avx2(const float* p, int64_t ld_p, int n_q, const int8_t* v,
+                             int64_t v_stride, int64_t n_rows, int head_dim, float* out,
+                             AttnPrefetch next) {
+  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
+}
+
+void attn_accumulate_merge_i8_avx2(const float* p, int64_t ld_p, int n_q, const int8_t* v,
+                                   int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
+                                   const float* wn, float* big_a, AttnPrefetch next) {
+  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
+}
+
+// The 8 x 8 transpose of r[0..7] (r[i] lane j -> r[j] lane i).
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// Slots [0, n_slots) of K tiles (kt at a tile's first slot, tiles tile_stride elements apart,
+// elements halves or codes) as float rows dst [n_slots, head_dim]: per 8 dims of 8 slots of a
+// tile, 8 conversions and one 8 x 8 transpose; the head_dim % 8 last dims one by one. Reads
+// (does not store) the rest of the last tile.
+template <class T>
+void k_tiles_to_rows(const T* kt, int64_t tile_stride, int64_t n_slots, int head_dim, float* dst) {
+  for (int64_t t = 0; t * kKTileSlots < n_slots; ++t) {
+    const T* tile = kt + t * tile_stride;  // [head_dim, 16]
+    for (int half = 0; half < 2; ++half) {
+      const int64_t first = t * kKTileSlots + half * kLanes;  // the slots' first
+      const int64_t slots = std::min<int64_t>(kLanes, n_slots - first);
+      if (slots <= 0) break;
+      int d = 0;
+      for (; d + kLanes <= head_dim; d += kLanes) {
+        __m256 r[kLanes];  // r[i]: dim d + i of the 8 slots
+        for (int i = 0; i < kLanes; ++i)
+          r[i] = load_v8(tile + (d + i) * kKTileSlots + half * kLanes);
+        transpose8(r);  // r[s]: dims d .. d + 7 of slot first + s
+        for (int64_t s2 = 0; s2 < slots; ++s2)
+          _mm256_storeu_ps(dst + (first + s2) * head_dim + d, r[s2]);
+      }
+      for (; d < head_dim; ++d) {
+        for (int64_t s2 = 0; s2 < slots; ++s2) {
+          dst[(first + s2) * head_dim + d] = to_float(tile[d * kKTileSlots + half * kLanes + s2]);
+        }
+      }
+    }
+  }
+}
+
+void k16_tiles_to_rows_avx2(const uint16_t* kt, int64_t tile_stride, int64_t n_slots, int head_dim,
+                            float* dst) {
+  k_tiles_to_rows(kt, tile_stride, n_slots, head_dim, dst);
+}
+
+void k8_tiles_to_rows_avx2(const int8_t* kt, int64_t tile_stride, int64_t n_slots, int head_dim,
+                           float* dst) {
+  k_tiles_to_rows(kt, tile_stride, n_slots, head_dim, dst);
 }
 
 // F16C conversions, 8 floats per instruction; tails through a stack buffer.
@@ -599,14 +725,15 @@ const OpsKernels& ops_kernels_avx2() {
       attn_accumulate_avx2, attn_merge_weights_avx2,
       attn_merge_rows_avx2, attn_accumulate_merge_avx2,
       f32_to_f16_avx2,      f16_to_f32_rows_avx2,
-      // No f16 K-tile or V kernels: the driver converts the tiles and rows into float rows.
-      nullptr,              nullptr,
-      nullptr,              nullptr,
+      // No K-tile scores kernel (the driver converts the tiles into float rows, 8 x 8 at a
+      // time); V rows of halves are converted as they are loaded.
+      nullptr,              k16_tiles_to_rows_avx2,
+      attn_accumulate_f16_avx2, attn_accumulate_merge_f16_avx2,
       ops_kernels_ref().rope_apply,  // a few rotations per head: the reference serves AVX2 hosts
-      // q8_0: no fused kernels either; the codes are converted into float rows.
+      // q8_0: the same with codes.
       i8_to_f32_rows_avx2,  nullptr,
-      nullptr,              nullptr,
-      scale_columns_avx2,
+      attn_accumulate_i8_avx2, attn_accumulate_merge_i8_avx2,
+      scale_columns_avx2,   k8_tiles_to_rows_avx2,
   };
   // clang-format on
   return kernels;

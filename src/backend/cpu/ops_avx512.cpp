@@ -1100,7 +1100,8 @@ const OpsKernels& ops_kernels_avx512() {
       rope_apply_avx512,
       i8_to_f32_rows_avx512,      attn_scores_k8_avx512,
       attn_accumulate_i8_avx512,  attn_accumulate_merge_i8_avx512,
-      scale_columns_avx512,
+      // q8_0 K tiles are scored directly (attn_scores_k8); run pieces gather their codes.
+      scale_columns_avx512,       nullptr,
   };
   // clang-format on
   return kernels;

@@ -223,7 +223,7 @@ const OpsKernels& ops_kernels_ref() {
       // q8_0: the driver converts the codes for the float kernels.
       i8_to_f32_rows_ref,  nullptr,
       nullptr,             nullptr,
-      scale_columns_ref,
+      scale_columns_ref,   nullptr,
   };
   // clang-format on
   return kernels;
