@@ -172,7 +172,9 @@ TEST_F(HeadSpec, EngineBatchMixEqualsSoloRuns) {
     }
     const EngineStats st = engine.stats();
     EXPECT_EQ(st.kv_blocks_used, 0);
-    if (kv_blocks > 0) EXPECT_GT(st.preemptions, 0);
+    if (kv_blocks > 0) {
+      EXPECT_GT(st.preemptions, 0);
+    }
     ASSERT_TRUE(st.spec.count("redrafter"));
     EXPECT_GT(st.spec.at("redrafter").accepted, 0);
     ASSERT_TRUE(st.spec.count("medusa"));

@@ -20,6 +20,7 @@
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16: the scalar conversions
 #include "backend/cpu/thread_pool.h"
 #include "backend/k_tiles.h"
+#include "common/attention_cases.h"
 
 namespace specdec {
 namespace {
@@ -27,15 +28,19 @@ namespace {
 // Unit roundoff of float: every correctly rounded float operation errs by at most u relative.
 constexpr double kU = FLT_EPSILON / 2;
 
-const int64_t kSizes[] = {1, 7, 8, 15, 16, 17, 64, 172, 192, 576, 1536};
+using test::attention_naive;
+using test::first_bitwise_difference;
+using test::make_shape;
+using test::random_mask;
+using test::random_vector;
+using test::tree_mask;
+using test::visible;
 
 std::vector<Isa> supported_variants() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa_supported(isa)) out.push_back(isa);
-  }
-  return out;
+  return test::attention_variants();
 }
+
+const int64_t kSizes[] = {1, 7, 8, 15, 16, 17, 64, 172, 192, 576, 1536};
 
 // SIMD variants only (the reference is compared with itself nowhere).
 std::vector<Isa> simd_variants() {
@@ -44,13 +49,6 @@ std::vector<Isa> simd_variants() {
     if (isa != Isa::kScalar) out.push_back(isa);
   }
   return out;
-}
-
-std::vector<float> random_vector(std::mt19937& gen, int64_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(gen);
-  return v;
 }
 
 // The variants under test are those the CPU has: the run-time detection agrees with the kernel's
@@ -385,69 +383,6 @@ TEST(Ops, ArgmaxFirstOnTies) {
 
 // --- attention ---------------------------------------------------------------------------------
 
-bool visible(const AttentionShape& s, const uint8_t* mask, int64_t i, int64_t slot) {
-  if (slot < s.n_past) return true;
-  const int64_t j = slot - s.n_past;
-  return mask == nullptr ? j <= i : mask[i * s.n_new + j] != 0;
-}
-
-// Naive O(n²) attention in double.
-std::vector<double> attention_naive(const AttentionShape& s, const std::vector<float>& q,
-                                    const std::vector<float>& k, const std::vector<float>& v,
-                                    const uint8_t* mask) {
-  const int hd = s.head_dim;
-  const int group = s.n_heads / s.n_kv_heads;
-  std::vector<double> out(static_cast<size_t>(s.n_new * s.n_heads * hd), 0.0);
-  std::vector<double> scores(static_cast<size_t>(s.n_past + s.n_new));
-  for (int64_t i = 0; i < s.n_new; ++i) {
-    for (int h = 0; h < s.n_heads; ++h) {
-      const int kvh = h / group;
-      const float* qh = &q[(i * s.n_heads + h) * hd];
-      double max = -INFINITY;
-      for (int64_t j = 0; j < s.n_past + s.n_new; ++j) {
-        if (!visible(s, mask, i, j)) continue;
-        double dot = 0;
-        for (int d = 0; d < hd; ++d) dot += double{qh[d]} * k[(j * s.n_kv_heads + kvh) * hd + d];
-        scores[j] = dot * s.scale;
-        max = std::max(max, scores[j]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j < s.n_past + s.n_new; ++j) {
-        if (visible(s, mask, i, j)) sum += std::exp(scores[j] - max);
-      }
-      for (int64_t j = 0; j < s.n_past + s.n_new; ++j) {
-        if (!visible(s, mask, i, j)) continue;
-        const double p = std::exp(scores[j] - max) / sum;
-        for (int d = 0; d < hd; ++d) {
-          out[(i * s.n_heads + h) * hd + d] += p * v[(j * s.n_kv_heads + kvh) * hd + d];
-        }
-      }
-    }
-  }
-  return out;
-}
-
-// A random tree over the new tokens (parent before child): mask[i][j] = j is i or an ancestor.
-std::vector<uint8_t> tree_mask(std::mt19937& gen, int64_t n) {
-  std::vector<int64_t> parent(static_cast<size_t>(n), -1);
-  std::vector<uint8_t> mask(static_cast<size_t>(n * n), 0);  // [n, n]
-  for (int64_t i = 0; i < n; ++i) {
-    if (i > 0) parent[i] = std::uniform_int_distribution<int64_t>(-1, i - 1)(gen);
-    for (int64_t a = i; a >= 0; a = parent[a]) mask[i * n + a] = 1;
-  }
-  return mask;
-}
-
-// Arbitrary bits with the diagonal set.
-std::vector<uint8_t> random_mask(std::mt19937& gen, int64_t n) {
-  std::vector<uint8_t> mask(static_cast<size_t>(n * n));  // [n, n]
-  std::bernoulli_distribution bit(0.4);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < n; ++j) mask[i * n + j] = i == j || bit(gen);
-  }
-  return mask;
-}
-
 struct AttentionCase {
   AttentionShape shape;
   std::vector<uint8_t> mask;  // empty: causal (nullptr)
@@ -489,18 +424,6 @@ void check_attention(const AttentionCase& c, ThreadPool* pool2, ThreadPool* pool
       ASSERT_EQ(threaded, out) << isa_name(isa) << " with " << pool->size() << " threads";
     }
   }
-}
-
-AttentionShape make_shape(int64_t n_past, int64_t n_new, int n_heads, int n_kv_heads,
-                          int head_dim) {
-  AttentionShape s;
-  s.n_past = n_past;
-  s.n_new = n_new;
-  s.n_heads = n_heads;
-  s.n_kv_heads = n_kv_heads;
-  s.head_dim = head_dim;
-  s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  return s;
 }
 
 TEST(Ops, AttentionMatchesNaive) {
@@ -580,14 +503,6 @@ TEST(Ops, AttentionEmptyAndUnseen) {
 }
 
 // --- attention: bit-exact invariance ------------------------------------------------------------
-
-// Index of the first element whose bits differ, or -1.
-int64_t first_bitwise_difference(const float* a, const float* b, int64_t n) {
-  for (int64_t e = 0; e < n; ++e) {
-    if (std::memcmp(a + e, b + e, sizeof(float)) != 0) return e;
-  }
-  return -1;
-}
 
 // What speculative decoding relies on: every query token of a multi-token call gets bitwise the
 // output of a one-token call (n_new = 1, causal) over a cache that holds exactly the slots it

@@ -14,6 +14,7 @@
 #include "backend/cpu/quant_blocks.h"  // fp16_to_fp32, fp32_to_fp16
 #include "backend/k_tiles.h"
 #include "backend/kv_quant.h"
+#include "common/kv_stored.h"
 #include "kv/kv_cache.h"
 
 namespace specdec {
@@ -32,17 +33,7 @@ std::vector<float> random_rows(std::mt19937& gen, int64_t n) {
 // What a cache of type t gives back for the rows x [n, n_kv_heads, head_dim] (q8_0: each head
 // row quantized on its own).
 std::vector<float> stored(KvType t, const std::vector<float>& x) {
-  std::vector<float> out(x.size());
-  for (size_t r = 0; r < x.size(); r += kHeadDim) {
-    int8_t codes[kHeadDim];
-    const float d = t == KvType::kQ8 ? quantize_kv_row(&x[r], kHeadDim, codes) : 0.0f;
-    for (int i = 0; i < kHeadDim; ++i) {
-      out[r + i] = t == KvType::kF16  ? fp16_to_fp32(fp32_to_fp16(x[r + i]))
-                   : t == KvType::kQ8 ? dequantize_kv(codes[i], d)
-                                      : x[r + i];
-    }
-  }
-  return out;
+  return test::stored_rows(t, x, kHeadDim);
 }
 
 // Element (slot, h, d) of layer `layer` as the raw view holds it: K rows (f32) or tiles (f16,

@@ -18,6 +18,7 @@
 #include "backend/k_tiles.h"
 #include "backend/kv_quant.h"
 #include "backend/kv_view.h"
+#include "common/kv_stored.h"
 #include "kv/paged_kv.h"
 
 namespace specdec {
@@ -39,17 +40,7 @@ std::vector<float> random_rows(std::mt19937& gen, int64_t n) {
 // What a cache of type t gives back for the rows x [n, n_kv_heads, head_dim] (q8_0: each head
 // row quantized on its own).
 std::vector<float> stored(KvType t, const std::vector<float>& x) {
-  std::vector<float> out(x.size());
-  for (size_t r = 0; r < x.size(); r += kHeadDim) {
-    int8_t codes[kHeadDim];
-    const float d = t == KvType::kQ8 ? quantize_kv_row(&x[r], kHeadDim, codes) : 0.0f;
-    for (int i = 0; i < kHeadDim; ++i) {
-      out[r + i] = t == KvType::kF16  ? fp16_to_fp32(fp32_to_fp16(x[r + i]))
-                   : t == KvType::kQ8 ? dequantize_kv(codes[i], d)
-                                      : x[r + i];
-    }
-  }
-  return out;
+  return test::stored_rows(t, x, kHeadDim);
 }
 
 bool same_bits(float a, float b) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/transpose_avx2.h"
 #include "backend/k_tiles.h"
 
 namespace specdec {
@@ -588,26 +589,6 @@ void attn_accumulate_merge_i8_avx2(const float* p, int64_t ld_p, int n_q, const 
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
-// The 8 x 8 transpose of r[0..7] (r[i] lane j -> r[j] lane i).
-inline void transpose8(__m256 r[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
 // Slots [0, n_slots) of K tiles (kt at a tile's first slot, tiles tile_stride elements apart,
 // elements halves or codes) as float rows dst [n_slots, head_dim]: per 8 dims of 8 slots of a
 // tile, 8 conversions and one 8 x 8 transpose; the head_dim % 8 last dims one by one. Reads
@@ -625,7 +606,7 @@ void k_tiles_to_rows(const T* kt, int64_t tile_stride, int64_t n_slots, int head
         __m256 r[kLanes];  // r[i]: dim d + i of the 8 slots
         for (int i = 0; i < kLanes; ++i)
           r[i] = load_v8(tile + (d + i) * kKTileSlots + half * kLanes);
-        transpose8(r);  // r[s]: dims d .. d + 7 of slot first + s
+        avx2::transpose8(r);  // r[s]: dims d .. d + 7 of slot first + s
         for (int64_t s2 = 0; s2 < slots; ++s2)
           _mm256_storeu_ps(dst + (first + s2) * head_dim + d, r[s2]);
       }
