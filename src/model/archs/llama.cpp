@@ -416,12 +416,13 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
     dump("q_rope", l, q, n, c.q_dim());
     dump("k_rope", l, k_new, n, kv_row);
     dump("v", l, v_new, n, kv_row);
-    // Each sequence's new K/V into its slots [n_past, n_past + n_new), in the cache's type.
-    for (int64_t si = 0; si < n_seqs; ++si) {
+    // Sequence si's new K/V into its slots [n_past, n_past + n_new), in the cache's type (each
+    // sequence writes only blocks it owns alone, so sequences may write in parallel).
+    auto write_kv = [&](int64_t si) {
       const SeqKv& kv = seqs[si].kv;
       kv.storage->write(l, kv.table, kv.n_past, offsets[si + 1] - offsets[si],
                         k_new + offsets[si] * kv_row, v_new + offsets[si] * kv_row);
-    }
+    };
     // Attention of sequence si over its own cache, on `on` (null: the calling thread alone).
     auto seq_attention = [&](int64_t si, ThreadPool* on) {
       const SeqBatch& sb = seqs[si];
@@ -439,6 +440,7 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
     if (n_seqs == 1 && solo_attention(n, seqs[0].kv.n_past, pool)) {
       // Little attention work: thread 0 does it alone (cheaper than sharing it), the other
       // threads meanwhile bring the start of their stretch of wo into their caches.
+      write_kv(0);
       pool->run([&](int ti, int nt) {
         if (ti == 0) {
           seq_attention(0, nullptr);
@@ -447,11 +449,17 @@ ForwardResult LlamaModel::forward(std::span<const SeqBatch> seqs, ThreadPool* po
         }
       });
     } else {
-      for (int64_t k = 0; k < n_big; ++k) seq_attention(order[k], pool);
+      for (int64_t k = 0; k < n_big; ++k) {
+        write_kv(order[k]);
+        seq_attention(order[k], pool);
+      }
       if (n_big < n_seqs) {
+        // One task per sequence: its K/V write, then its attention (the writes of a decode
+        // batch are a few microseconds each, no longer serial on thread 0).
         std::atomic<int64_t> next{n_big};
         pool->run([&](int, int) {
           for (int64_t k = next.fetch_add(1); k < n_seqs; k = next.fetch_add(1)) {
+            write_kv(order[k]);
             seq_attention(order[k], nullptr);
           }
         });
