@@ -417,11 +417,11 @@ inline __m256 load_v8(const int8_t* x) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
 }
-inline __m256 load_v8_masked(const float* x, __m256i m, int) {
-  return _mm256_maskload_ps(x, m);
+inline __m256 load_v8_masked(const float* x, int n) {
+  return _mm256_maskload_ps(x, tail_mask(n));
 }
 template <class V>
-inline __m256 load_v8_masked(const V* x, __m256i, int n) {
+inline __m256 load_v8_masked(const V* x, int n) {
   alignas(32) float buf[kLanes] = {};
   for (int i = 0; i < n; ++i) buf[i] = to_float(x[i]);
   return _mm256_load_ps(buf);
@@ -429,14 +429,15 @@ inline __m256 load_v8_masked(const V* x, __m256i, int n) {
 
 template <int R, bool kMasked, bool kMerge, class V>
 void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
-                     int head_dim, __m256i m0, __m256i m1, int n0, int n1, const float* wo,
-                     const float* wn, float* out, AttnPrefetchCursor& pf) {
+                     int head_dim, int n0, int n1, const float* wo, const float* wn, float* out,
+                     AttnPrefetchCursor& pf) {
+  const __m256i m0 = tail_mask(n0), m1 = tail_mask(n1);  // used where kMasked
   auto load = [](const float* x, __m256i m) {
     if constexpr (kMasked) return _mm256_maskload_ps(x, m);
     return _mm256_loadu_ps(x);
   };
-  auto load_row = [](const V* x, __m256i m, int n) {
-    if constexpr (kMasked) return load_v8_masked(x, m, n);
+  auto load_row = [](const V* x, int n) {
+    if constexpr (kMasked) return load_v8_masked(x, n);
     return load_v8(x);
   };
   auto store = [](float* x, __m256i m, __m256 a) {
@@ -474,8 +475,8 @@ void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride,
   for (int64_t j = 0; j < n_rows; ++j) {
     pf.step();
     const V* vj = v + j * v_stride;
-    const __m256 v0 = load_row(vj, m0, n0);
-    const __m256 v1 = load_row(vj + kLanes, m1, n1);
+    const __m256 v0 = load_row(vj, n0);
+    const __m256 v1 = load_row(vj + kLanes, n1);
     __m256 pr = _mm256_broadcast_ss(p0 + j);
     a00 = _mm256_fmadd_ps(pr, v0, a00);
     a01 = _mm256_fmadd_ps(pr, v1, a01);
@@ -506,17 +507,16 @@ template <int R, bool kMerge, class V>
 void accumulate_rows(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, const float* wo, const float* wn, float* out,
                      AttnPrefetchCursor& pf) {
-  const __m256i all = tail_mask(kLanes);
   int d = 0;
   for (; d + 2 * kLanes <= head_dim; d += 2 * kLanes) {
-    accumulate_pass<R, false, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, all, all, kLanes,
-                                      kLanes, wo, wn, out + d, pf);
+    accumulate_pass<R, false, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, kLanes, kLanes,
+                                      wo, wn, out + d, pf);
   }
   if (d < head_dim) {
     const int rem = head_dim - d;  // 1..15
     const int n0 = rem < kLanes ? rem : kLanes, n1 = rem > kLanes ? rem - kLanes : 0;
-    accumulate_pass<R, true, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, tail_mask(n0),
-                                     tail_mask(n1), n0, n1, wo, wn, out + d, pf);
+    accumulate_pass<R, true, kMerge>(p, ld_p, v + d, v_stride, n_rows, head_dim, n0, n1, wo, wn,
+                                     out + d, pf);
   }
 }
 
@@ -554,38 +554,17 @@ void accumulate_all(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v
   pf.rest();
 }
 
-void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+// The table's Σ p·v entries for V rows of floats, halves or codes (one instantiation each).
+template <class V>
+void attn_accumulate_avx2(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v_stride,
                           int64_t n_rows, int head_dim, float* out, AttnPrefetch next) {
   accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
 }
 
-void attn_accumulate_merge_avx2(const float* p, int64_t ld_p, int n_q, const float* v,
-                                int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
-                                const float* wn, float* big_a, AttnPrefetch next) {
-  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
-}
-
-void attn_accumulate_f16_avx2(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
-                              int64_t v_stride, int64_t n_rows, int head_dim, float* out,
-                              AttnPrefetch next) {
-  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
-}
-
-void attn_accumulate_merge_f16_avx2(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
-                                    int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
-                                    const float* wn, float* big_a, AttnPrefetch next) {
-  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
-}
-
-void attn_accumulate_i8_avx2(const float* p, int64_t ld_p, int n_q, const int8_t* v,
-                             int64_t v_stride, int64_t n_rows, int head_dim, float* out,
-                             AttnPrefetch next) {
-  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
-}
-
-void attn_accumulate_merge_i8_avx2(const float* p, int64_t ld_p, int n_q, const int8_t* v,
-                                   int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
-                                   const float* wn, float* big_a, AttnPrefetch next) {
+template <class V>
+void attn_accumulate_merge_avx2(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v_stride,
+                                int64_t n_rows, int head_dim, const float* wo, const float* wn,
+                                float* big_a, AttnPrefetch next) {
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
@@ -646,37 +625,16 @@ void f32_to_f16_avx2(const float* x, int64_t n, uint16_t* y) {
   }
 }
 
-void f16_to_f32_rows_avx2(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
-                          float* dst) {
+// dst[r * cols + c] = float(src[r * src_stride + c]) for halves (f16 cache) or codes (q8_0): 8
+// conversions per instruction, the tail one value at a time (the same, exact, values).
+template <class T>
+void rows_to_f32_avx2(const T* src, int64_t src_stride, int64_t n_rows, int cols, float* dst) {
   for (int64_t r = 0; r < n_rows; ++r) {
-    const uint16_t* s = src + r * src_stride;  // [cols]
-    float* d = dst + r * cols;                 // [cols]
+    const T* s = src + r * src_stride;  // [cols]
+    float* d = dst + r * cols;          // [cols]
     int c = 0;
-    for (; c + kLanes <= cols; c += kLanes) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c));
-      _mm256_storeu_ps(d + c, _mm256_cvtph_ps(h));
-    }
-    if (c < cols) {
-      alignas(16) uint16_t sb[kLanes] = {};
-      alignas(32) float db[kLanes];
-      for (int j = c; j < cols; ++j) sb[j - c] = s[j];
-      _mm256_store_ps(db, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb))));
-      for (int j = c; j < cols; ++j) d[j] = db[j - c];
-    }
-  }
-}
-
-void i8_to_f32_rows_avx2(const int8_t* src, int64_t src_stride, int64_t n_rows, int cols,
-                         float* dst) {
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int8_t* s = src + r * src_stride;
-    float* d = dst + r * cols;
-    int c = 0;
-    for (; c + 8 <= cols; c += 8) {
-      const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + c));
-      _mm256_storeu_ps(d + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)));
-    }
-    for (; c < cols; ++c) d[c] = static_cast<float>(s[c]);
+    for (; c + kLanes <= cols; c += kLanes) _mm256_storeu_ps(d + c, load_v8(s + c));
+    for (; c < cols; ++c) d[c] = to_float(s[c]);
   }
 }
 
@@ -703,17 +661,17 @@ const OpsKernels& ops_kernels_avx2() {
       // The packed q is the reference's (q·mult, row-major): attn_scores_avx2 reads that form.
       scale_avx2,           ops_kernels_ref().attn_pack_q,
       attn_scores_avx2,     attn_chunk_softmax_avx2,
-      attn_accumulate_avx2, attn_merge_weights_avx2,
-      attn_merge_rows_avx2, attn_accumulate_merge_avx2,
-      f32_to_f16_avx2,      f16_to_f32_rows_avx2,
+      attn_accumulate_avx2<float>, attn_merge_weights_avx2,
+      attn_merge_rows_avx2, attn_accumulate_merge_avx2<float>,
+      f32_to_f16_avx2,      rows_to_f32_avx2<uint16_t>,
       // No K-tile scores kernel (the driver converts the tiles into float rows, 8 x 8 at a
       // time); V rows of halves are converted as they are loaded.
       nullptr,              k16_tiles_to_rows_avx2,
-      attn_accumulate_f16_avx2, attn_accumulate_merge_f16_avx2,
+      attn_accumulate_avx2<uint16_t>, attn_accumulate_merge_avx2<uint16_t>,
       ops_kernels_ref().rope_apply,  // a few rotations per head: the reference serves AVX2 hosts
       // q8_0: the same with codes.
-      i8_to_f32_rows_avx2,  nullptr,
-      attn_accumulate_i8_avx2, attn_accumulate_merge_i8_avx2,
+      rows_to_f32_avx2<int8_t>, nullptr,
+      attn_accumulate_avx2<int8_t>, attn_accumulate_merge_avx2<int8_t>,
       scale_columns_avx2,   k8_tiles_to_rows_avx2,
   };
   // clang-format on

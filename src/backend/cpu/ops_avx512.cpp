@@ -923,48 +923,27 @@ void accumulate_all(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v
   pf.rest();
 }
 
-void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const float* v, int64_t v_stride,
+// The table's Σ p·v entries for V rows of floats, halves or codes (one instantiation each).
+template <class V>
+void attn_accumulate_avx512(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v_stride,
                             int64_t n_rows, int head_dim, float* out, AttnPrefetch next) {
   accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
 }
 
-void attn_accumulate_merge_avx512(const float* p, int64_t ld_p, int n_q, const float* v,
+template <class V>
+void attn_accumulate_merge_avx512(const float* p, int64_t ld_p, int n_q, const V* v,
                                   int64_t v_stride, int64_t n_rows, int head_dim, const float* wo,
                                   const float* wn, float* big_a, AttnPrefetch next) {
   accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
 }
 
-void attn_accumulate_f16_avx512(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
-                                int64_t v_stride, int64_t n_rows, int head_dim, float* out,
-                                AttnPrefetch next) {
-  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
-}
-
-void attn_accumulate_merge_f16_avx512(const float* p, int64_t ld_p, int n_q, const uint16_t* v,
-                                      int64_t v_stride, int64_t n_rows, int head_dim,
-                                      const float* wo, const float* wn, float* big_a,
-                                      AttnPrefetch next) {
-  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
-}
-
-void attn_accumulate_i8_avx512(const float* p, int64_t ld_p, int n_q, const int8_t* v,
-                               int64_t v_stride, int64_t n_rows, int head_dim, float* out,
-                               AttnPrefetch next) {
-  accumulate_all<false>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, nullptr, nullptr, out, next);
-}
-
-void attn_accumulate_merge_i8_avx512(const float* p, int64_t ld_p, int n_q, const int8_t* v,
-                                     int64_t v_stride, int64_t n_rows, int head_dim,
-                                     const float* wo, const float* wn, float* big_a,
-                                     AttnPrefetch next) {
-  accumulate_all<true>(p, ld_p, n_q, v, v_stride, n_rows, head_dim, wo, wn, big_a, next);
-}
-
-void i8_to_f32_rows_avx512(const int8_t* src, int64_t src_stride, int64_t n_rows, int cols,
-                           float* dst) {
+// dst[r * cols + c] = float(src[r * src_stride + c]) for halves (f16 cache) or codes (q8_0),
+// exactly; tails with lane masks.
+template <class T>
+void rows_to_f32_avx512(const T* src, int64_t src_stride, int64_t n_rows, int cols, float* dst) {
   for (int64_t r = 0; r < n_rows; ++r) {
-    const int8_t* s = src + r * src_stride;  // [cols]
-    float* d = dst + r * cols;               // [cols]
+    const T* s = src + r * src_stride;  // [cols]
+    float* d = dst + r * cols;          // [cols]
     for (int c = 0; c < cols; c += kLanes) {
       const __mmask16 t = tail_mask(cols - c < kLanes ? cols - c : kLanes);
       _mm512_mask_storeu_ps(d + c, t, load_v(t, s + c));
@@ -992,18 +971,6 @@ void f32_to_f16_avx512(const float* x, int64_t n, uint16_t* y) {
     const __mmask16 t = tail_mask(n - i < kLanes ? n - i : kLanes);
     const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(t, x + i), _MM_FROUND_TO_NEAREST_INT);
     _mm256_mask_storeu_epi16(y + i, t, h);
-  }
-}
-
-void f16_to_f32_rows_avx512(const uint16_t* src, int64_t src_stride, int64_t n_rows, int cols,
-                            float* dst) {
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint16_t* s = src + r * src_stride;  // [cols]
-    float* d = dst + r * cols;                 // [cols]
-    for (int c = 0; c < cols; c += kLanes) {
-      const __mmask16 t = tail_mask(cols - c < kLanes ? cols - c : kLanes);
-      _mm512_mask_storeu_ps(d + c, t, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(t, s + c)));
-    }
   }
 }
 
@@ -1092,14 +1059,14 @@ const OpsKernels& ops_kernels_avx512() {
       row_max_avx512,             exp_shifted_sum_avx512,
       scale_avx512,               attn_pack_q_avx512,
       attn_scores_avx512,         attn_chunk_softmax_avx512,
-      attn_accumulate_avx512,     attn_merge_weights_avx512,
-      attn_merge_rows_avx512,     attn_accumulate_merge_avx512,
-      f32_to_f16_avx512,          f16_to_f32_rows_avx512,
+      attn_accumulate_avx512<float>, attn_merge_weights_avx512,
+      attn_merge_rows_avx512,     attn_accumulate_merge_avx512<float>,
+      f32_to_f16_avx512,          rows_to_f32_avx512<uint16_t>,
       attn_scores_k16_avx512,     k16_tiles_to_rows_avx512,
-      attn_accumulate_f16_avx512, attn_accumulate_merge_f16_avx512,
+      attn_accumulate_avx512<uint16_t>, attn_accumulate_merge_avx512<uint16_t>,
       rope_apply_avx512,
-      i8_to_f32_rows_avx512,      attn_scores_k8_avx512,
-      attn_accumulate_i8_avx512,  attn_accumulate_merge_i8_avx512,
+      rows_to_f32_avx512<int8_t>, attn_scores_k8_avx512,
+      attn_accumulate_avx512<int8_t>, attn_accumulate_merge_avx512<int8_t>,
       // q8_0 K tiles are scored directly (attn_scores_k8); run pieces gather their codes.
       scale_columns_avx512,       nullptr,
   };
