@@ -3,8 +3,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/transpose_avx2.h"
@@ -45,14 +49,6 @@ inline float hmax(__m256 a) {
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
   return _mm_cvtss_f32(m);
-}
-
-// The four horizontal sums {Σa, Σb, Σc, Σd}.
-inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 ab = _mm256_hadd_ps(a, b);
-  const __m256 cd = _mm256_hadd_ps(c, d);
-  const __m256 abcd = _mm256_hadd_ps(ab, cd);
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
 // exp(x), Cephes-style: x = n·ln2 + r with |r| <= ln2/2, a degree-6 polynomial for e^r, and
@@ -204,115 +200,194 @@ void scale_avx2(float* x, int64_t n, float a) {
   }
 }
 
-// Scores of R (1..4) query rows against one K row at a time (the rows left over by
-// scores_rows4). The accumulators are named variables rather than an array, which GCC may keep
-// in memory. A score's arithmetic is the same here and in scores_rows4 (8-lane FMA chain, the
-// hsum4 tree, explicit fma for the tail dims; q comes pre-scaled), so it does not depend on the
-// block a K row falls in or on the other query rows of the call (see attention_driver.cpp).
-template <int R>
-void scores_rows1(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float* s, int64_t ld_s, AttnPrefetchCursor& pf) {
-  const int d_vec = head_dim / kLanes * kLanes;
-  const float* q0 = q;  // [head_dim] each
-  const float* q1 = q + (R > 1 ? head_dim : 0);
-  const float* q2 = q + (R > 2 ? 2 * head_dim : 0);
-  const float* q3 = q + (R > 3 ? 3 * head_dim : 0);
-  for (int64_t j = 0; j < n_rows; ++j) {
-    pf.step();
-    const float* kj = k + j * k_stride;  // [head_dim]
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int d = 0; d < d_vec; d += kLanes) {
-      const __m256 kv = _mm256_loadu_ps(kj + d);
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
-      if constexpr (R > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, a1);
-      if constexpr (R > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), kv, a2);
-      if constexpr (R > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), kv, a3);
-    }
-    alignas(16) float dots[4];
-    _mm_store_ps(dots, hsum4(a0, a1, a2, a3));
-    for (int d = d_vec; d < head_dim; ++d) {
-      for (int r = 0; r < R; ++r) dots[r] = std::fma(q[r * head_dim + d], kj[d], dots[r]);
-    }
-    for (int r = 0; r < R; ++r) s[r * ld_s + j] = dots[r];
-  }
+// 8 values of a V row as floats: floats, IEEE halves (F16C) or int8 codes (q8_0), each converted
+// exactly. The first n (<= 8) lanes where masked (the rest zero; the halves and codes of a
+// masked tail go through a buffer, as there is no masked 16- or 8-bit load).
+inline __m256 load_v8(const float* x) {
+  return _mm256_loadu_ps(x);
+}
+inline __m256 load_v8(const uint16_t* x) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+}
+inline __m256 load_v8(const int8_t* x) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
+}
+inline __m256 load_v8_masked(const float* x, int n) {
+  return _mm256_maskload_ps(x, tail_mask(n));
+}
+template <class V>
+inline __m256 load_v8_masked(const V* x, int n) {
+  alignas(32) float buf[kLanes] = {};
+  for (int i = 0; i < n; ++i) buf[i] = to_float(x[i]);
+  return _mm256_load_ps(buf);
 }
 
-// Scores of R (1..2) query rows against blocks of 4 K rows: 4·R accumulators (with the 4 K
-// chunks, R = 2 uses 13 of the 16 registers), so each K and q chunk is loaded once per block and
-// one hsum4 gives a query's 4 scores.
-template <int R>
-void scores_rows4(const float* q, const float* k, int64_t k_stride, int64_t n_blocks, int head_dim,
-                  float* s, int64_t ld_s, AttnPrefetchCursor& pf) {
-  static_assert(R == 1 || R == 2);
-  const int d_vec = head_dim / kLanes * kLanes;
-  const float* q0 = q;  // [head_dim] each
-  const float* q1 = q + (R > 1 ? head_dim : 0);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    pf.step();
-    const float* k0 = k + 4 * b * k_stride;  // [head_dim] each
-    const float* k1 = k0 + k_stride;
-    const float* k2 = k1 + k_stride;
-    const float* k3 = k2 + k_stride;
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
-    __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-    for (int d = 0; d < d_vec; d += kLanes) {
-      const __m256 x0 = _mm256_loadu_ps(k0 + d);
-      const __m256 x1 = _mm256_loadu_ps(k1 + d);
-      const __m256 x2 = _mm256_loadu_ps(k2 + d);
-      const __m256 x3 = _mm256_loadu_ps(k3 + d);
-      __m256 qv = _mm256_loadu_ps(q0 + d);
-      c00 = _mm256_fmadd_ps(qv, x0, c00);
-      c01 = _mm256_fmadd_ps(qv, x1, c01);
-      c02 = _mm256_fmadd_ps(qv, x2, c02);
-      c03 = _mm256_fmadd_ps(qv, x3, c03);
-      if constexpr (R > 1) {
-        qv = _mm256_loadu_ps(q1 + d);
-        c10 = _mm256_fmadd_ps(qv, x0, c10);
-        c11 = _mm256_fmadd_ps(qv, x1, c11);
-        c12 = _mm256_fmadd_ps(qv, x2, c12);
-        c13 = _mm256_fmadd_ps(qv, x3, c13);
+// --- attention scores -----------------------------------------------------------------------
+// The lanes hold 8 slots. A score is one FMA chain over the dims in order,
+//   acc = 0; acc = fma(q[r][d], k[slot][d], acc) for d = 0, 1, .., head_dim - 1,
+// so the K of 8 slots is one vector per dim (8 halves or codes of a K tile, or 8 float rows
+// transposed), each converted K vector serves every query row of the pass, each q broadcast every
+// slot vector, and no horizontal sums run. The sequence of a score depends only on its q row and
+// K slot, never on n_q, the pass, or where the K came from (tiles of halves or codes, float rows):
+// attn_scores_k16/k8 equal attn_scores on the same values bit for bit.
+
+// Rows [0, R) of q (row r at q + r * head_dim) against V slot vectors: vector v's dim d is the 8
+// elements at k + (v / 2) * tile_stride + (v % 2) * 8 + d * 16 (K tiles of 16 slots). Scores into
+// s (row r at s + r * ld_s, slot 8 v + lane at column 8 v + lane); `slots`: the valid columns
+// (the rest is computed and not stored). pf (may be null) steps once per 4 dims.
+// Up to 3 rows keep their q broadcasts in registers and load each K vector as it is used (R x V
+// accumulators + R + 1 registers); more rows keep the V K vectors and broadcast q per row.
+template <int R, int V, class KT>
+void scores_tile_pass(const float* q, int head_dim, const KT* kt, int64_t tile_stride, float* s,
+                      int64_t ld_s, int64_t slots, AttnPrefetchCursor* pf) {
+  static_assert(V == 2 || V == 4);
+  const KT* kv_base[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) kv_base[v] = kt + (v / 2) * tile_stride + (v % 2) * kLanes;
+  __m256 acc[R][V];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  }
+  for (int d = 0; d < head_dim; ++d) {
+    if (pf != nullptr && (d & 3) == 0) pf->step();
+    const int64_t off = static_cast<int64_t>(d) * kKTileSlots;
+    if constexpr (R <= 3) {
+      __m256 qb[R];
+#pragma GCC unroll 3
+      for (int r = 0; r < R; ++r) qb[r] = _mm256_broadcast_ss(q + r * head_dim + d);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        const __m256 k = load_v8(kv_base[v] + off);
+#pragma GCC unroll 3
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(qb[r], k, acc[r][v]);
       }
-    }
-    alignas(16) float dots[2][4];  // [R, 4 rows]
-    _mm_store_ps(dots[0], hsum4(c00, c01, c02, c03));
-    if constexpr (R > 1) _mm_store_ps(dots[1], hsum4(c10, c11, c12, c13));
-    for (int d = d_vec; d < head_dim; ++d) {
+    } else {
+      __m256 k[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) k[v] = load_v8(kv_base[v] + off);
+#pragma GCC unroll 6
       for (int r = 0; r < R; ++r) {
-        const float qd = q[r * head_dim + d];
-        dots[r][0] = std::fma(qd, k0[d], dots[r][0]);
-        dots[r][1] = std::fma(qd, k1[d], dots[r][1]);
-        dots[r][2] = std::fma(qd, k2[d], dots[r][2]);
-        dots[r][3] = std::fma(qd, k3[d], dots[r][3]);
+        const __m256 qb = _mm256_broadcast_ss(q + r * head_dim + d);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(qb, k[v], acc[r][v]);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      for (int row = 0; row < 4; ++row) s[r * ld_s + 4 * b + row] = dots[r][row];
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      const int64_t left = slots - kLanes * v;
+      float* out = s + r * ld_s + kLanes * v;
+      if (left >= kLanes) {
+        _mm256_storeu_ps(out, acc[r][v]);
+      } else if (left > 0) {
+        _mm256_maskstore_ps(out, tail_mask(left), acc[r][v]);
+      }
     }
   }
 }
 
-// Each block of 4 K rows and each leftover K row is a step of the prefetch cursor.
-template <int R>
-void scores_block(const float* q, const float* k, int64_t k_stride, int64_t n_rows, int head_dim,
-                  float* s, int64_t ld_s, AttnPrefetchCursor& pf) {
-  const int64_t n_blocks = n_rows / 4;
-  scores_rows4<R>(q, k, k_stride, n_blocks, head_dim, s, ld_s, pf);
-  const int64_t j = 4 * n_blocks;
-  if (j < n_rows) {
-    scores_rows1<R>(q, k + j * k_stride, k_stride, n_rows - j, head_dim, s + j, ld_s, pf);
+// The pass kernel for R = rows (1..P) rows, R a run-time value.
+template <int V, class KT, int... R>
+constexpr auto tile_passes(std::integer_sequence<int, R...>) {
+  using Fn = void (*)(const float*, int, const KT*, int64_t, float*, int64_t, int64_t,
+                      AttnPrefetchCursor*);
+  return std::array<Fn, sizeof...(R)>{scores_tile_pass<R + 1, V, KT>...};
+}
+
+// Rows per pass by slot vectors per pass: 12 accumulators either way.
+template <int V>
+inline constexpr int kPassRows = V == 4 ? 3 : 6;
+
+// All n_q rows against the V slot vectors from kt, in passes of at most kPassRows<V> rows of
+// near-equal size; the first pass steps pf.
+template <int V, class KT>
+void scores_tile_rows(const float* q, int n_q, int head_dim, const KT* kt, int64_t tile_stride,
+                      float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor& pf) {
+  constexpr int P = kPassRows<V>;
+  static constexpr auto kByRows = tile_passes<V, KT>(std::make_integer_sequence<int, P>{});
+  const int passes = (n_q + P - 1) / P;
+  AttnPrefetchCursor* step = &pf;
+  for (int k = 0, r = 0; k < passes; ++k, step = nullptr) {
+    const int r_end = n_q * (k + 1) / passes;
+    kByRows[r_end - r - 1](q + static_cast<int64_t>(r) * head_dim, head_dim, kt, tile_stride,
+                           s + r * ld_s, ld_s, slots, step);
+    r = r_end;
   }
 }
 
-// One pass over the K rows per two query rows.
+// Slots [0, n_slots) of K tiles (kt at a tile's first slot, tiles tile_stride elements apart):
+// up to 3 rows two tiles at a time (decode), more rows one tile at a time. Reads (does not
+// store) the rest of the last tile.
+template <class KT>
+void scores_tiles(const float* q, int n_q, const KT* kt, int64_t tile_stride, int64_t n_slots,
+                  int head_dim, float* s, int64_t ld_s, AttnPrefetchCursor& pf) {
+  const int64_t tiles = (n_slots + kKTileSlots - 1) / kKTileSlots;
+  int64_t t = 0;
+  if (n_q <= kPassRows<4>) {
+    for (; t + 2 <= tiles; t += 2) {
+      scores_tile_rows<4, KT>(q, n_q, head_dim, kt + t * tile_stride, tile_stride,
+                              s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+    }
+  }
+  for (; t < tiles; ++t) {
+    scores_tile_rows<2, KT>(q, n_q, head_dim, kt + t * tile_stride, tile_stride,
+                            s + t * kKTileSlots, ld_s, n_slots - t * kKTileSlots, pf);
+  }
+}
+
+// Prefetch steps of scores_tiles: per 4 dims of each tile group's first pass.
+inline int64_t scores_tiles_steps(int n_q, int64_t n_slots, int head_dim) {
+  const int64_t tiles = (n_slots + kKTileSlots - 1) / kKTileSlots;
+  const int64_t groups = n_q <= kPassRows<4> ? (tiles + 1) / 2 : tiles;
+  return groups * ((head_dim + 3) / 4);
+}
+
+template <class KT>
+void attn_scores_tiles_avx2(const float* q, int n_q, const KT* kt, int64_t tile_stride,
+                            int64_t n_slots, int head_dim, float* s, int64_t ld_s,
+                            AttnPrefetch next) {
+  AttnPrefetchCursor pf(next, scores_tiles_steps(n_q, n_slots, head_dim));
+  scores_tiles(q, n_q, kt, tile_stride, n_slots, head_dim, s, ld_s, pf);
+  pf.rest();
+}
+
+// Float K rows: each 16 rows are transposed into a float tile ([head_dim, 16], rows past n_rows
+// zero) and scored as a tile - the same chains as from a cache's tiles.
 void attn_scores_avx2(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
                       int head_dim, float* s, int64_t ld_s, AttnPrefetch next) {
-  AttnPrefetchCursor pf(next, (n_q + 1) / 2 * (n_rows / 4 + n_rows % 4));
-  int r = 0;
-  for (; r + 2 <= n_q; r += 2) {
-    scores_block<2>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s, pf);
-  }
-  if (r < n_q) {
-    scores_block<1>(q + r * head_dim, k, k_stride, n_rows, head_dim, s + r * ld_s, ld_s, pf);
+  thread_local std::vector<float> tile_buf;
+  if (tile_buf.size() < static_cast<size_t>(head_dim) * kKTileSlots)
+    tile_buf.resize(static_cast<size_t>(head_dim) * kKTileSlots);
+  float* tile = tile_buf.data();  // [head_dim, 16]
+  AttnPrefetchCursor pf(next, (n_rows + kKTileSlots - 1) / kKTileSlots * ((head_dim + 3) / 4));
+  for (int64_t j0 = 0; j0 < n_rows; j0 += kKTileSlots) {
+    const int64_t rows = std::min<int64_t>(kKTileSlots, n_rows - j0);
+    for (int half = 0; half < 2; ++half) {
+      const int64_t first = half * kLanes;  // the 8 slots' first, within the tile
+      const int64_t n8 = std::clamp<int64_t>(rows - first, 0, kLanes);
+      int d = 0;
+      for (; d + kLanes <= head_dim; d += kLanes) {
+        __m256 r[kLanes];  // r[i]: dims d .. d + 7 of slot first + i
+        for (int i = 0; i < kLanes; ++i) {
+          r[i] =
+              i < n8 ? _mm256_loadu_ps(k + (j0 + first + i) * k_stride + d) : _mm256_setzero_ps();
+        }
+        avx2::transpose8(r);  // r[i]: dim d + i of the 8 slots
+        for (int i = 0; i < kLanes; ++i)
+          _mm256_storeu_ps(tile + (d + i) * kKTileSlots + first, r[i]);
+      }
+      for (; d < head_dim; ++d) {
+        for (int i = 0; i < kLanes; ++i) {
+          tile[d * kKTileSlots + first + i] = i < n8 ? k[(j0 + first + i) * k_stride + d] : 0.0f;
+        }
+      }
+    }
+    scores_tile_rows<2, float>(q, n_q, head_dim, tile, 0, s + j0, ld_s, rows, pf);
   }
   pf.rest();
 }
@@ -400,45 +475,31 @@ void attn_merge_rows_avx2(const float* a, int n_q, int head_dim, const float* wo
   }
 }
 
-// out[r, 0:16] += Σ_j p[r, j] · v[j, 0:16] for R (1..4) rows: two 8-lane chunks per row, all
-// accumulators in named registers. kMasked: the two chunks cover only the lanes of m0 and m1.
-// kMerge: the sums start from zero and end as out = fma(out, wo[r], sum·wn[r])
-// (attn_merge_rows' arithmetic).
-// 8 values of a V row as floats: floats, IEEE halves (F16C) or int8 codes (q8_0), each converted
-// exactly. The first n (<= 8) lanes where masked (the rest zero; the halves and codes of a
-// masked tail go through a buffer, as there is no masked 16- or 8-bit load).
-inline __m256 load_v8(const float* x) {
-  return _mm256_loadu_ps(x);
-}
-inline __m256 load_v8(const uint16_t* x) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-}
-inline __m256 load_v8(const int8_t* x) {
-  return _mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
-}
-inline __m256 load_v8_masked(const float* x, int n) {
-  return _mm256_maskload_ps(x, tail_mask(n));
-}
-template <class V>
-inline __m256 load_v8_masked(const V* x, int n) {
-  alignas(32) float buf[kLanes] = {};
-  for (int i = 0; i < n; ++i) buf[i] = to_float(x[i]);
-  return _mm256_load_ps(buf);
+// Rows of floats, halves or codes [n_rows, cols] (src_stride apart) as floats, exactly.
+template <class T>
+void rows_to_f32_avx2(const T* src, int64_t src_stride, int64_t n_rows, int cols, float* dst) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const T* s = src + r * src_stride;  // [cols]
+    float* d = dst + r * cols;          // [cols]
+    int c = 0;
+    for (; c + kLanes <= cols; c += kLanes) _mm256_storeu_ps(d + c, load_v8(s + c));
+    for (; c < cols; ++c) d[c] = to_float(s[c]);
+  }
 }
 
+// out[r, 0:16] += Σ_j p[r, j] · v[j, 0:16] for R (1..6) rows: two 8-lane chunks per row, 2R
+// accumulators. kMasked: the two chunks cover only the lanes of m0 and m1. kMerge: the sums
+// start from zero and end as out = fma(out, wo[r], sum·wn[r]) (attn_merge_rows' arithmetic).
 template <int R, bool kMasked, bool kMerge, class V>
 void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride, int64_t n_rows,
                      int head_dim, int n0, int n1, const float* wo, const float* wn, float* out,
                      AttnPrefetchCursor& pf) {
-  const __m256i m0 = tail_mask(n0), m1 = tail_mask(n1);  // used where kMasked
+  static_assert(R >= 1 && R <= 6);
+  const __m256i mask[2] = {tail_mask(n0), tail_mask(n1)};  // used where kMasked
+  const int n_lanes[2] = {n0, n1};
   auto load = [](const float* x, __m256i m) {
     if constexpr (kMasked) return _mm256_maskload_ps(x, m);
     return _mm256_loadu_ps(x);
-  };
-  auto load_row = [](const V* x, int n) {
-    if constexpr (kMasked) return load_v8_masked(x, n);
-    return load_v8(x);
   };
   auto store = [](float* x, __m256i m, __m256 a) {
     if constexpr (kMasked) {
@@ -447,59 +508,46 @@ void accumulate_pass(const float* p, int64_t ld_p, const V* v, int64_t v_stride,
       _mm256_storeu_ps(x, a);
     }
   };
-  auto start = [&](const float* x, __m256i m) {
-    if constexpr (kMerge) return _mm256_setzero_ps();
-    return load(x, m);
-  };
-  auto finish = [&](float* x, __m256i m, __m256 a, int r) {
-    if constexpr (kMerge) {
-      const __m256 scaled = _mm256_mul_ps(a, _mm256_set1_ps(wn[r]));
-      store(x, m, _mm256_fmadd_ps(load(x, m), _mm256_set1_ps(wo[r]), scaled));
-    } else {
-      store(x, m, a);
+  __m256 acc[R][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int c = 0; c < 2; ++c) {
+      acc[r][c] = kMerge ? _mm256_setzero_ps() : load(out + r * head_dim + c * kLanes, mask[c]);
     }
-  };
-  const float* p0 = p;  // [n_rows] each
-  const float* p1 = p + (R > 1 ? ld_p : 0);
-  const float* p2 = p + (R > 2 ? 2 * ld_p : 0);
-  const float* p3 = p + (R > 3 ? 3 * ld_p : 0);
-  float* o0 = out;  // [16] each
-  float* o1 = out + (R > 1 ? head_dim : 0);
-  float* o2 = out + (R > 2 ? 2 * head_dim : 0);
-  float* o3 = out + (R > 3 ? 3 * head_dim : 0);
-  __m256 a00 = start(o0, m0), a01 = start(o0 + kLanes, m1);
-  __m256 a10 = _mm256_setzero_ps(), a11 = a10, a20 = a10, a21 = a10, a30 = a10, a31 = a10;
-  if constexpr (R > 1) a10 = start(o1, m0), a11 = start(o1 + kLanes, m1);
-  if constexpr (R > 2) a20 = start(o2, m0), a21 = start(o2 + kLanes, m1);
-  if constexpr (R > 3) a30 = start(o3, m0), a31 = start(o3 + kLanes, m1);
+  }
   for (int64_t j = 0; j < n_rows; ++j) {
     pf.step();
     const V* vj = v + j * v_stride;
-    const __m256 v0 = load_row(vj, n0);
-    const __m256 v1 = load_row(vj + kLanes, n1);
-    __m256 pr = _mm256_broadcast_ss(p0 + j);
-    a00 = _mm256_fmadd_ps(pr, v0, a00);
-    a01 = _mm256_fmadd_ps(pr, v1, a01);
-    if constexpr (R > 1) {
-      pr = _mm256_broadcast_ss(p1 + j);
-      a10 = _mm256_fmadd_ps(pr, v0, a10);
-      a11 = _mm256_fmadd_ps(pr, v1, a11);
+    __m256 vv[2];
+#pragma GCC unroll 2
+    for (int c = 0; c < 2; ++c) {
+      if constexpr (kMasked) {
+        vv[c] = load_v8_masked(vj + c * kLanes, n_lanes[c]);
+      } else {
+        vv[c] = load_v8(vj + c * kLanes);
+      }
     }
-    if constexpr (R > 2) {
-      pr = _mm256_broadcast_ss(p2 + j);
-      a20 = _mm256_fmadd_ps(pr, v0, a20);
-      a21 = _mm256_fmadd_ps(pr, v1, a21);
-    }
-    if constexpr (R > 3) {
-      pr = _mm256_broadcast_ss(p3 + j);
-      a30 = _mm256_fmadd_ps(pr, v0, a30);
-      a31 = _mm256_fmadd_ps(pr, v1, a31);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 pr = _mm256_broadcast_ss(p + r * ld_p + j);
+      acc[r][0] = _mm256_fmadd_ps(pr, vv[0], acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(pr, vv[1], acc[r][1]);
     }
   }
-  finish(o0, m0, a00, 0), finish(o0 + kLanes, m1, a01, 0);
-  if constexpr (R > 1) finish(o1, m0, a10, 1), finish(o1 + kLanes, m1, a11, 1);
-  if constexpr (R > 2) finish(o2, m0, a20, 2), finish(o2 + kLanes, m1, a21, 2);
-  if constexpr (R > 3) finish(o3, m0, a30, 3), finish(o3 + kLanes, m1, a31, 3);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int c = 0; c < 2; ++c) {
+      float* o = out + r * head_dim + c * kLanes;
+      if constexpr (kMerge) {
+        const __m256 scaled = _mm256_mul_ps(acc[r][c], _mm256_set1_ps(wn[r]));
+        store(o, mask[c], _mm256_fmadd_ps(load(o, mask[c]), _mm256_set1_ps(wo[r]), scaled));
+      } else {
+        store(o, mask[c], acc[r][c]);
+      }
+    }
+  }
 }
 
 // Rows r0 .. r0 + R - 1 of the call: one pass per 16 dims.
@@ -520,36 +568,44 @@ void accumulate_rows(const float* p, int64_t ld_p, const V* v, int64_t v_stride,
   }
 }
 
-// Each V row step of each pass is a step of the prefetch cursor.
+// accumulate_rows for R = rows (1..6) rows, R a run-time value.
+template <bool kMerge, class V, int... R>
+constexpr auto accumulate_by_rows(std::integer_sequence<int, R...>) {
+  using Fn = void (*)(const float*, int64_t, const V*, int64_t, int64_t, int, const float*,
+                      const float*, float*, AttnPrefetchCursor&);
+  return std::array<Fn, sizeof...(R)>{accumulate_rows<R + 1, kMerge, V>...};
+}
+
+constexpr int kAccumulateRows = 6;  // rows per pass (12 accumulators)
+
+// The rows in passes of at most 6 rows of near-equal size. Halves or codes that more than one
+// pass would convert are converted once into a float tile first (the same values, so the same
+// bits). Each V row step of each pass is a step of the prefetch cursor.
 template <bool kMerge, class V>
 void accumulate_all(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v_stride,
                     int64_t n_rows, int head_dim, const float* wo, const float* wn, float* out,
                     AttnPrefetch next) {
-  const int passes = (n_q + 3) / 4 * ((head_dim + 2 * kLanes - 1) / (2 * kLanes));
-  AttnPrefetchCursor pf(next, passes * n_rows);
-  int r = 0;
-  auto w = [&r](const float* x) { return kMerge ? x + r : x; };  // row r's weights
-  for (; r + 4 <= n_q; r += 4) {
-    accumulate_rows<4, kMerge, V>(p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn),
-                                  out + r * head_dim, pf);
+  const int passes = (n_q + kAccumulateRows - 1) / kAccumulateRows;
+  if constexpr (!std::is_same_v<V, float>) {
+    if (passes > 1) {
+      thread_local std::vector<float> tile_buf;
+      const size_t need = static_cast<size_t>(n_rows) * head_dim;
+      if (tile_buf.size() < need) tile_buf.resize(need);
+      rows_to_f32_avx2(v, v_stride, n_rows, head_dim, tile_buf.data());  // [n_rows, head_dim]
+      accumulate_all<kMerge, float>(p, ld_p, n_q, tile_buf.data(), head_dim, n_rows, head_dim, wo,
+                                    wn, out, next);
+      return;
+    }
   }
-  const float* pr = p + r * ld_p;
-  float* out_r = out + r * head_dim;
-  switch (n_q - r) {
-    case 3:
-      accumulate_rows<3, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
-                                    pf);
-      break;
-    case 2:
-      accumulate_rows<2, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
-                                    pf);
-      break;
-    case 1:
-      accumulate_rows<1, kMerge, V>(pr, ld_p, v, v_stride, n_rows, head_dim, w(wo), w(wn), out_r,
-                                    pf);
-      break;
-    default:
-      break;
+  static constexpr auto kByRows =
+      accumulate_by_rows<kMerge, V>(std::make_integer_sequence<int, kAccumulateRows>{});
+  AttnPrefetchCursor pf(next, passes * ((head_dim + 2 * kLanes - 1) / (2 * kLanes)) * n_rows);
+  for (int k = 0, r = 0; k < passes; ++k) {
+    const int r_end = n_q * (k + 1) / passes;
+    kByRows[r_end - r - 1](p + r * ld_p, ld_p, v, v_stride, n_rows, head_dim,
+                           kMerge ? wo + r : nullptr, kMerge ? wn + r : nullptr,
+                           out + static_cast<int64_t>(r) * head_dim, pf);
+    r = r_end;
   }
   pf.rest();
 }
@@ -627,16 +683,6 @@ void f32_to_f16_avx2(const float* x, int64_t n, uint16_t* y) {
 
 // dst[r * cols + c] = float(src[r * src_stride + c]) for halves (f16 cache) or codes (q8_0): 8
 // conversions per instruction, the tail one value at a time (the same, exact, values).
-template <class T>
-void rows_to_f32_avx2(const T* src, int64_t src_stride, int64_t n_rows, int cols, float* dst) {
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const T* s = src + r * src_stride;  // [cols]
-    float* d = dst + r * cols;          // [cols]
-    int c = 0;
-    for (; c + kLanes <= cols; c += kLanes) _mm256_storeu_ps(d + c, load_v8(s + c));
-    for (; c < cols; ++c) d[c] = to_float(s[c]);
-  }
-}
 
 void scale_columns_avx2(const float* x, int64_t ld_x, int n_rows, const float* d, int64_t n,
                         float* out, int64_t ld_out) {
@@ -658,19 +704,18 @@ const OpsKernels& ops_kernels_avx2() {
   static const OpsKernels kernels = {
       rmsnorm_avx2,         swiglu_avx2,
       row_max_avx2,         exp_shifted_sum_avx2,
-      // The packed q is the reference's (q·mult, row-major): attn_scores_avx2 reads that form.
+      // The packed q is the reference's (q·mult, row-major): the scores kernels read that form.
       scale_avx2,           ops_kernels_ref().attn_pack_q,
       attn_scores_avx2,     attn_chunk_softmax_avx2,
       attn_accumulate_avx2<float>, attn_merge_weights_avx2,
       attn_merge_rows_avx2, attn_accumulate_merge_avx2<float>,
       f32_to_f16_avx2,      rows_to_f32_avx2<uint16_t>,
-      // No K-tile scores kernel (the driver converts the tiles into float rows, 8 x 8 at a
-      // time); V rows of halves are converted as they are loaded.
-      nullptr,              k16_tiles_to_rows_avx2,
+      // Scores read the K tiles directly; V rows of halves are converted as they are loaded.
+      attn_scores_tiles_avx2<uint16_t>, k16_tiles_to_rows_avx2,
       attn_accumulate_avx2<uint16_t>, attn_accumulate_merge_avx2<uint16_t>,
       ops_kernels_ref().rope_apply,  // a few rotations per head: the reference serves AVX2 hosts
       // q8_0: the same with codes.
-      rows_to_f32_avx2<int8_t>, nullptr,
+      rows_to_f32_avx2<int8_t>, attn_scores_tiles_avx2<int8_t>,
       attn_accumulate_avx2<int8_t>, attn_accumulate_merge_avx2<int8_t>,
       scale_columns_avx2,   k8_tiles_to_rows_avx2,
   };
