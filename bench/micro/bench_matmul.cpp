@@ -6,7 +6,8 @@
 //   g++ -O2 -std=c++20 -Isrc bench/micro/bench_matmul.cpp build-kernels/libspecdec_core.a
 //       -lpthread -o build-kernels/bench_matmul
 // Run: build-kernels/bench_matmul [--isa scalar|avx2|avxvnni|avx512] [--threads N] [--rounds R]
-//        [--quick]
+//        [--quick] [--stream-mib M]   (per-shape copies of M MiB, default 128: more than the
+//                                      last-level cache, so n=1 and n=8 stream from DRAM)
 //        [--packed]   (AVX-512: Q4_0 / Q4_1 / Q8_0 / Q4_K matrices in the packed layout, as the
 //        model
 //                      loads them; see backend/cpu/packed_weights.h)
@@ -168,7 +169,8 @@ constexpr Shape kShapes[] = {
     {"1536x576 Q4_1", GgmlType::kQ4_1, 1536, 576},   {"576x1536 Q4_1", GgmlType::kQ4_1, 576, 1536},
     {"49152x576 Q8_0", GgmlType::kQ8_0, 49152, 576}, {"576x768 Q4_K", GgmlType::kQ4_K, 576, 768},
     {"576x768 Q6_K", GgmlType::kQ6_K, 576, 768},     {"576x576 Q4_0", GgmlType::kQ4_0, 576, 576},
-    {"576x576 Q5_1", GgmlType::kQ5_1, 576, 576},     {"576x576 F16", GgmlType::kF16, 576, 576},
+    {"576x576 Q5_1", GgmlType::kQ5_1, 576, 576},     {"896x896 Q5_0", GgmlType::kQ5_0, 896, 896},
+    {"4864x896 Q5_0", GgmlType::kQ5_0, 4864, 896},   {"576x576 F16", GgmlType::kF16, 576, 576},
     {"576x576 F32", GgmlType::kF32, 576, 576}};
 constexpr int kNumShapes = sizeof(kShapes) / sizeof(kShapes[0]);
 constexpr int64_t kModelBatches[] = {1, 2, 4, 8, 16};
@@ -198,6 +200,8 @@ int run_bench(int argc, char** argv) {
   int threads = 2;
   int num_rounds = 3;
   bool quick = false;
+  int64_t stream_mib =
+      128;  // per shape: copies of at least this much (beyond the last-level cache)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--isa" && i + 1 < argc) {
@@ -210,6 +214,8 @@ int run_bench(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
       num_rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--stream-mib" && i + 1 < argc) {
+      stream_mib = std::max<int64_t>(1, std::atoll(argv[++i]));
     } else if (a == "--packed") {
       g_packed = true;
     } else if (a == "--quick") {
@@ -235,7 +241,7 @@ int run_bench(int argc, char** argv) {
   for (int s = 0; s < kNumShapes; ++s) {
     const Shape& sh = kShapes[s];
     const int64_t one = ggml_row_bytes(sh.type, sh.cols) * sh.rows;
-    const int64_t copies = std::max<int64_t>(1, (128 << 20) / one);  // > last-level cache
+    const int64_t copies = std::max<int64_t>(1, (stream_mib << 20) / one);
     for (int64_t c = 0; c < copies; ++c) {
       shape_mats[s].push_back(make_matrix(sh.name, sh.type, sh.rows, sh.cols, rng));
     }

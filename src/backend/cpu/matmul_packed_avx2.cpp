@@ -483,7 +483,12 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
   const float* dt = a.dt + tile * nsub * kMaxTile;
   const float* et = a.et + tile * nsub * kMaxTile;
   const float* et2 = P::kSix ? a.et2 + tile * nsub * kMaxTile : nullptr;
-  const int64_t pf_lines = (block_bytes / 64 + nsub - 1) / nsub;
+  // The prefetches are spread over the sub-block steps of both halves: a steady stream of
+  // requests. Issued in the first half only (a burst, then nothing while the second half runs),
+  // AVX2 decode of Qwen2.5-0.5B (weights from DRAM; Emerald Rapids, 10 alternated pairs) reached
+  // 0.65 of the measured bandwidth instead of 0.73.
+  const int64_t pf_steps = valid > 8 ? 2 * nsub : nsub;
+  const int64_t pf_lines = (block_bytes / 64 + pf_steps - 1) / pf_steps;
   int64_t pf_at = 0;
   auto prefetch = [&] {
     if (near == nullptr && far == nullptr) return;
@@ -500,7 +505,7 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
     if constexpr (P::kSix) {  // both chains in every sub-block (its two halves of 16)
       for (int64_t b = 0; b < nsub; ++b) {
         __m256 dwa, dwb;
-        if (h == 0) prefetch();
+        prefetch();
         sub_block_scales<T>(blk, nsub, b, h, &dwa, &dwb);
         const int64_t at = b * kMaxTile;
         sub_block_six<R>(blk + b * P::kCodeBytes + 32 * h, dwa, dwb, xt + b * 256, dt + at, et + at,
@@ -515,19 +520,19 @@ void block_rows(const uint8_t* blk, int64_t block_bytes, const Acts& a, int64_t 
       if constexpr (kInlineStep<T, R>) {
         int64_t b = 0;
         for (; b + 2 <= nsub; b += 2) {
-          if (h == 0) prefetch();
+          prefetch();
           step_inline<T, R>(blk, nsub, b, h, xt, dt, et, even);
-          if (h == 0) prefetch();
+          prefetch();
           step_inline<T, R>(blk, nsub, b + 1, h, xt, dt, et, odd);
         }
         if (b < nsub) {
-          if (h == 0) prefetch();
+          prefetch();
           step_inline<T, R>(blk, nsub, b, h, xt, dt, et, even);
         }
       } else {
         auto step = [&](int64_t b, __m256* facc) {
           __m256 dw, mw;
-          if (h == 0) prefetch();
+          prefetch();
           sub_block_scales<T>(blk, nsub, b, h, &dw, &mw);
           sub_block<T, R>(blk + b * P::kCodeBytes + 32 * h, dw, mw, xt + b * 256,
                           dt + b * kMaxTile, et + b * kMaxTile, facc);
