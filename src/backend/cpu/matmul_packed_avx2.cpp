@@ -452,12 +452,10 @@ inline void sub_block_scales(A... a) {
 }
 
 // The kernels whose step block_rows inlines with all its callees (step_inline); the others
-// keep GCC's choice of inlining: Q5_0 / Q5_1 from 2 rows (their 5th-bit planes need more
-// registers; 0.9x inlined in a first try) and one row of Q4_K (0.86x). One row of Q5_0 / Q5_1
-// inlined: 0.95-0.97x the time (Emerald Rapids, one thread, 3 alternated rounds; Qwen2.5-0.5B
-// decode 53.4 -> 56.3 tok/s median over 8 pairs).
+// keep GCC's choice of inlining: Q5_0 / Q5_1 (their 5th-bit planes need more registers;
+// 0.9x inlined in a first try) and one row of Q4_K (0.86x).
 template <GgmlType T, int R>
-constexpr bool kInlineStep = (!Packed<T>::kFiveBit || R == 1) && !(T == GgmlType::kQ4_K && R == 1);
+constexpr bool kInlineStep = !Packed<T>::kFiveBit && !(T == GgmlType::kQ4_K && R == 1);
 
 // Sub-block b of one half (h) of a block: its scales and its products with R activation rows
 // into facc, everything inlined.
