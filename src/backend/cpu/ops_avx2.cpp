@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/transpose_avx2.h"
 #include "backend/k_tiles.h"
@@ -291,14 +292,6 @@ void scores_tile_pass(const float* q, int head_dim, const KT* kt, int64_t tile_s
   }
 }
 
-// The pass kernel for R = rows (1..P) rows, R a run-time value.
-template <int V, class KT, int... R>
-constexpr auto tile_passes(std::integer_sequence<int, R...>) {
-  using Fn = void (*)(const float*, int, const KT*, int64_t, float*, int64_t, int64_t,
-                      AttnPrefetchCursor*);
-  return std::array<Fn, sizeof...(R)>{scores_tile_pass<R + 1, V, KT>...};
-}
-
 // Rows per pass by slot vectors per pass: 12 accumulators either way.
 template <int V>
 inline constexpr int kPassRows = V == 4 ? 3 : 6;
@@ -309,7 +302,8 @@ template <int V, class KT>
 void scores_tile_rows(const float* q, int n_q, int head_dim, const KT* kt, int64_t tile_stride,
                       float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor& pf) {
   constexpr int P = kPassRows<V>;
-  static constexpr auto kByRows = tile_passes<V, KT>(std::make_integer_sequence<int, P>{});
+  static constexpr auto kByRows =
+      kernel_table<P>([]<int R>() { return &scores_tile_pass<R, V, KT>; });
   const int passes = (n_q + P - 1) / P;
   AttnPrefetchCursor* step = &pf;
   for (int k = 0, r = 0; k < passes; ++k, step = nullptr) {
@@ -568,14 +562,6 @@ void accumulate_rows(const float* p, int64_t ld_p, const V* v, int64_t v_stride,
   }
 }
 
-// accumulate_rows for R = rows (1..6) rows, R a run-time value.
-template <bool kMerge, class V, int... R>
-constexpr auto accumulate_by_rows(std::integer_sequence<int, R...>) {
-  using Fn = void (*)(const float*, int64_t, const V*, int64_t, int64_t, int, const float*,
-                      const float*, float*, AttnPrefetchCursor&);
-  return std::array<Fn, sizeof...(R)>{accumulate_rows<R + 1, kMerge, V>...};
-}
-
 constexpr int kAccumulateRows = 6;  // rows per pass (12 accumulators)
 
 // The rows in passes of at most 6 rows of near-equal size. Halves or codes that more than one
@@ -598,7 +584,7 @@ void accumulate_all(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v
     }
   }
   static constexpr auto kByRows =
-      accumulate_by_rows<kMerge, V>(std::make_integer_sequence<int, kAccumulateRows>{});
+      kernel_table<kAccumulateRows>([]<int R>() { return &accumulate_rows<R, kMerge, V>; });
   AttnPrefetchCursor pf(next, passes * ((head_dim + 2 * kLanes - 1) / (2 * kLanes)) * n_rows);
   for (int k = 0, r = 0; k < passes; ++k) {
     const int r_end = n_q * (k + 1) / passes;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernel_table.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_weights_avx512.h"  // avx512::transpose16
 #include "backend/k_tiles.h"
@@ -565,14 +566,6 @@ void scores_k16_phased(const float* packed, int r0, int steps, const KT* kt, int
   }
 }
 
-// The phased kernel for R = rows (1..P) rows, R a run-time value.
-template <int V, int P, class KT, int... R>
-constexpr auto phased_by_rows(std::integer_sequence<int, R...>) {
-  using Fn = void (*)(const float*, int, int, const KT*, int64_t, int, float*, int64_t, int64_t,
-                      AttnPrefetchCursor*);
-  return std::array<Fn, sizeof...(R)>{scores_k16_phased<R + 1, V, KT>...};
-}
-
 // Rows per pass of the phased kernel by tiles per pass: each q broadcast feeds V FMAs and each
 // converted K vector P of them (R x V <= 24 accumulators). 4 tiles (a whole chunk) for up to 6
 // rows (two tokens of a 3-head group), else 2 tiles for up to 12 rows.
@@ -586,7 +579,8 @@ template <int V, class KT>
 void scores_k16_many(const float* packed, int n_q, int steps, const KT* kt, int64_t tile_stride,
                      int head_dim, float* s, int64_t ld_s, int64_t slots, AttnPrefetchCursor& pf) {
   constexpr int P = kPhasedRows<V>;
-  static constexpr auto kByRows = phased_by_rows<V, P, KT>(std::make_integer_sequence<int, P>{});
+  static constexpr auto kByRows =
+      kernel_table<P>([]<int R>() { return &scores_k16_phased<R, V, KT>; });
   const int groups = (n_q + 3) / 4;
   const int passes = (n_q + P - 1) / P;
   AttnPrefetchCursor* step = &pf;
