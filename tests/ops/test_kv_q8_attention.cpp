@@ -33,16 +33,13 @@ namespace {
 constexpr double kU = FLT_EPSILON / 2;  // unit roundoff of float
 
 using test::attention_naive;
+using test::attention_variants;
 using test::first_bitwise_difference;
 using test::make_shape;
 using test::random_mask;
 using test::random_vector;
 using test::tree_mask;
 using test::visible;
-
-std::vector<Isa> supported_variants() {
-  return test::attention_variants();
-}
 
 // A q8_0 cache (one layer) holding the rows k, v: [n, kv_row], all marked cached.
 KvCache q8_cache(const AttentionShape& s, const std::vector<float>& k,
@@ -66,7 +63,7 @@ void attend(Isa isa, const AttentionShape& s, const float* q, KvCache& cache, co
 TEST(KvQ8, I8ToF32RowsExactEveryVariant) {
   std::vector<int8_t> codes(256 * 3);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<int8_t>(i * 7 + 3);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     const OpsKernels& kern = ops_kernels_for(isa, true);
     for (int cols : {1, 7, 16, 20, 64, 100}) {
       std::vector<float> out(static_cast<size_t>(3 * cols) + 1, 9.0f);
@@ -87,7 +84,7 @@ TEST(KvQ8, I8ToF32RowsExactEveryVariant) {
 TEST(KvQ8, ScaleColumnsEqualsReference) {
   std::mt19937 gen(20);
   const OpsKernels& ref = ops_kernels_for(Isa::kScalar, true);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     const OpsKernels& kern = ops_kernels_for(isa, true);
     for (int64_t n : {1, 5, 8, 16, 17, 40, 64}) {
       for (int rows : {1, 3, 24}) {
@@ -116,7 +113,7 @@ TEST(KvQ8, FusedKernelsEqualFloatKernelsOnCodes) {
   std::mt19937 gen(21);
   std::uniform_int_distribution<int> code(-127, 127);
   int variants_with_fused = 0;
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     const OpsKernels& kern = ops_kernels_for(isa, true);
     const bool scores = kern.attn_scores_k8 != nullptr;
     const bool sums = kern.attn_accumulate_i8 != nullptr;
@@ -180,7 +177,9 @@ TEST(KvQ8, FusedKernelsEqualFloatKernelsOnCodes) {
       }
     }
   }
-  if (isa_supported(Isa::kAvx512)) EXPECT_GT(variants_with_fused, 0);
+  if (isa_supported(Isa::kAvx512)) {
+    EXPECT_GT(variants_with_fused, 0);
+  }
 }
 
 // --- whole attention calls ----------------------------------------------------------------------
@@ -197,7 +196,7 @@ void check_invariance(const AttentionShape& s, const std::vector<uint8_t>& mask_
   const std::vector<float> v = random_vector(gen, n_kv * kv_row, -1, 1);
   KvCache cache = q8_cache(s, k, v);
   ThreadPool* const pools[3] = {nullptr, pool2, pool3};
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     std::vector<float> multi[3];
     for (int p = 0; p < 3; ++p) {
       multi[p].resize(static_cast<size_t>(s.n_new * q_row));
@@ -286,7 +285,7 @@ TEST(KvQ8, MatchesDequantizedValuesAndStaysCloseToFloat) {
     // Step d / 2 <= 2 / 254 on K (scores move by up to ~|q|·|dk|) and 1 / 254 on V.
     EXPECT_LT(worst_exact, 0.05) << "n_past " << s.n_past;
     EXPECT_GT(worst_unscaled, 10 * worst_exact) << "the control should be far off";
-    for (Isa isa : supported_variants()) {
+    for (Isa isa : attention_variants()) {
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
         std::vector<float> got(exact.size());
         attend(isa, s, q.data(), cache, nullptr, got.data(), pool);

@@ -29,6 +29,7 @@ namespace {
 constexpr double kU = FLT_EPSILON / 2;
 
 using test::attention_naive;
+using test::attention_variants;
 using test::first_bitwise_difference;
 using test::make_shape;
 using test::random_mask;
@@ -36,16 +37,12 @@ using test::random_vector;
 using test::tree_mask;
 using test::visible;
 
-std::vector<Isa> supported_variants() {
-  return test::attention_variants();
-}
-
 const int64_t kSizes[] = {1, 7, 8, 15, 16, 17, 64, 172, 192, 576, 1536};
 
 // SIMD variants only (the reference is compared with itself nowhere).
 std::vector<Isa> simd_variants() {
   std::vector<Isa> out;
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     if (isa != Isa::kScalar) out.push_back(isa);
   }
   return out;
@@ -56,7 +53,7 @@ std::vector<Isa> simd_variants() {
 // (SPECDEC_ISA, when set, picks it).
 TEST(Ops, ReportsVariantsTheCpuHas) {
   std::string names;
-  for (Isa isa : supported_variants()) names += std::string(isa_name(isa)) + " ";
+  for (Isa isa : attention_variants()) names += std::string(isa_name(isa)) + " ";
   RecordProperty("variants", names);
   std::printf("variants under test: %s(active: %s)\n", names.c_str(), isa_name(active_isa()));
   EXPECT_TRUE(isa_supported(Isa::kScalar));
@@ -151,7 +148,7 @@ std::vector<float> swiglu_gate(std::mt19937& gen, int64_t n) {
 // (in every variant, as in libm) and the result is 0 instead of |g·e^g·up| < 1e-36.
 TEST(Ops, SwigluMatchesFormula) {
   std::mt19937 gen(2);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     for (int64_t n : kSizes) {
       const std::vector<float> gate = swiglu_gate(gen, n);               // [n]
       const std::vector<float> up = random_vector(gen, n, -3.0f, 3.0f);  // [n]
@@ -175,7 +172,7 @@ TEST(Ops, SwigluMatchesFormula) {
 // softmax({0, x}) = e^x / (1 + e^x) exercises exp over its whole useful range: exp ≤ 1 ulp, the
 // sum and the quotient ≤ 1 rounding each, so ≤ 4·u relative (measured ≤ 3.1·u).
 TEST(Ops, SoftmaxExpAccuracy) {
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     for (int i = 0; i <= 20000; ++i) {
       const float x = -87.0f + 87.0f * static_cast<float>(i) / 20000.0f;
       float v[2] = {0.0f, x};
@@ -247,7 +244,7 @@ TEST(Ops, LogSumExpMatchesADoubleReference) {
 }
 
 TEST(Ops, SoftmaxMaskedEntriesAreZero) {
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     std::vector<float> x = {1.0f,      -INFINITY, 2.0f,      -INFINITY, -INFINITY, 0.5f,
                             -INFINITY, -INFINITY, -INFINITY, 3.0f,      -INFINITY, -INFINITY,
                             -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 1.0f};  // [18]
@@ -407,7 +404,7 @@ void check_attention(const AttentionCase& c, ThreadPool* pool2, ThreadPool* pool
   const std::vector<double> want = attention_naive(s, q, k, v, mask);
   const double delta = static_cast<double>(s.head_dim) * s.head_dim * kU * s.scale;
   const double tol = 2 * delta + (2.0 * n_kv + 8) * kU;
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     const size_t n_out = static_cast<size_t>(s.n_new * s.n_heads * s.head_dim);
     std::vector<float> out(n_out + 1, 7.0f);  // [n_new, n_heads, head_dim] + guard
     attention_isa(isa, s, q.data(), k.data(), v.data(), mask, out.data(), nullptr);
@@ -475,7 +472,7 @@ TEST(Ops, AttentionExplicitCausalMaskEqualsNull) {
   for (int i = 0; i < 6; ++i) {
     for (int j = 0; j <= i; ++j) causal[i * 6 + j] = 1;
   }
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     std::vector<float> a(q.size()), b(q.size());
     attention_isa(isa, s, q.data(), k.data(), v.data(), nullptr, a.data(), nullptr);
     attention_isa(isa, s, q.data(), k.data(), v.data(), causal.data(), b.data(), nullptr);
@@ -485,7 +482,7 @@ TEST(Ops, AttentionExplicitCausalMaskEqualsNull) {
 
 TEST(Ops, AttentionEmptyAndUnseen) {
   ThreadPool pool2(2);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     // n_new = 0: nothing is read or written.
     float guard = 7.0f;
     AttentionShape empty = make_shape(5, 0, 4, 2, 8);
@@ -519,7 +516,7 @@ void check_attention_invariance(const AttentionShape& s, const std::vector<uint8
   const std::vector<float> v = random_vector(gen, n_kv * kv_row, -1, 1);    // [n_kv, kv_row]
   ThreadPool* const pools[3] = {nullptr, pool2, pool3};
   auto threads = [](const ThreadPool* pool) { return pool == nullptr ? 1 : pool->size(); };
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     std::vector<float> multi[3];  // per pool: [n_new, q_row]
     for (int p = 0; p < 3; ++p) {
       multi[p].resize(static_cast<size_t>(s.n_new * q_row));
@@ -604,7 +601,7 @@ TEST(Ops, AttentionExtremeScoreSpreads) {
     const std::vector<float> k = random_vector(gen, n_kv * s.n_kv_heads * s.head_dim, -1, 1);
     const std::vector<float> v = random_vector(gen, n_kv * s.n_kv_heads * s.head_dim, -1, 1);
     const std::vector<double> want = attention_naive(s, q, k, v, nullptr);
-    for (Isa isa : supported_variants()) {
+    for (Isa isa : attention_variants()) {
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
         std::vector<float> out(q.size());
         attention_isa(isa, s, q.data(), k.data(), v.data(), nullptr, out.data(), pool);
@@ -621,7 +618,7 @@ TEST(Ops, AttentionExtremeScoreSpreads) {
 // or none).
 TEST(Ops, AttentionFusedMergeEqualsSeparate) {
   std::mt19937 gen(15);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     const OpsKernels& kern = ops_kernels_for(isa, true);
     for (int head_dim : {64, 20, 7, 128}) {
       for (int n_q : {1, 3, 6, 13}) {
@@ -652,7 +649,7 @@ TEST(Ops, AttentionFusedMergeEqualsSeparate) {
 // converted rows, accumulating and fused with the merge, head_dim tails included.
 TEST(Ops, AttentionF16VEqualsFloatRows) {
   std::mt19937 gen(17);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     const OpsKernels& kern = ops_kernels_for(isa, true);
     if (kern.attn_accumulate_f16 == nullptr) continue;
     ASSERT_NE(kern.attn_accumulate_merge_f16, nullptr) << isa_name(isa);
@@ -696,7 +693,7 @@ TEST(Ops, AttentionF16VEqualsFloatRows) {
 // packing of the same rows copied together, and scores with a prefetch hint equal those without.
 TEST(Ops, AttentionPackRunsAndPrefetchHints) {
   std::mt19937 gen(16);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     const OpsKernels& kern = ops_kernels_for(isa, true);
     for (int head_dim : {64, 20, 7}) {
       for (int run_rows : {1, 3, 4}) {
@@ -740,7 +737,7 @@ TEST(Ops, AttentionPackRunsAndPrefetchHints) {
 TEST(Ops, F16ToF32AllHalvesEveryVariant) {
   std::vector<uint16_t> all(65536);
   for (int i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     std::vector<float> out(all.size() + 1, 7.0f);
     f16_to_f32_isa(isa, all.data(), static_cast<int64_t>(all.size()) - 3, out.data());
     for (int i = 0; i < 65536 - 3; ++i) {
@@ -844,7 +841,7 @@ TEST(Ops, AttentionF16CacheEqualsFloatCacheOfSameValues) {
                                                                : std::vector<uint8_t>{};
     const uint8_t* mask = mask_bytes.empty() ? nullptr : mask_bytes.data();
     const size_t n_out = static_cast<size_t>(s.n_new * s.n_heads * s.head_dim);
-    for (Isa isa : supported_variants()) {
+    for (Isa isa : attention_variants()) {
       std::vector<float> want(n_out);
       attention_isa(isa, s, q.data(), k.data(), v.data(), mask, want.data(), nullptr);
       for (ThreadPool* pool : pools) {
@@ -879,7 +876,7 @@ TEST(Ops, RopeApplyVariantsEqualReference) {
         std::vector<float> want = x;
         rope_apply_isa(Isa::kScalar, want.data(), cos_sin.data(), n_tokens, n_heads, head_dim,
                        rope_dim, style);
-        for (Isa isa : supported_variants()) {
+        for (Isa isa : attention_variants()) {
           std::vector<float> got = x;
           rope_apply_isa(isa, got.data(), cos_sin.data(), n_tokens, n_heads, head_dim, rope_dim,
                          style);

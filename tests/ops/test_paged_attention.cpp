@@ -34,14 +34,11 @@ namespace {
 constexpr double kU = FLT_EPSILON / 2;
 
 using test::attention_naive;
+using test::attention_variants;
 using test::first_bitwise_difference;
 using test::make_shape;
 using test::random_vector;
 using test::tree_mask;
-
-std::vector<Isa> supported_variants() {
-  return test::attention_variants();
-}
 
 // --- block tables --------------------------------------------------------------------------------
 
@@ -175,7 +172,7 @@ void check_paged(const Case& c, KvType type, ThreadPool* pool2, std::mt19937& ge
   }
   const SeqKv whole = contiguous.seq();
   const KvView contiguous_view = whole.storage->view(0, whole.table.data());
-  for (Isa isa : supported_variants()) {
+  for (Isa isa : attention_variants()) {
     std::vector<float> want(static_cast<size_t>(n_out));
     if (type == KvType::kQ8) {  // no raw-pointer form (its scales live in the storage)
       attention_isa(isa, s, q.data(), contiguous_view, mask, want.data(), nullptr);
@@ -253,7 +250,7 @@ TEST(PagedAttention, SwappedBlocksChangeTheOutput) {
       const std::vector<float> v = random_vector(gen, n_kv * kv_row, -1, 1);
       const std::vector<uint8_t> mask = tree ? tree_mask(gen, s.n_new) : std::vector<uint8_t>{};
       PagedInputs p = make_paged(s, type, Layout::kPermuted16, k, v, gen);
-      for (Isa isa : supported_variants()) {
+      for (Isa isa : attention_variants()) {
         std::vector<float> good(static_cast<size_t>(n_out)), bad(good.size());
         const uint8_t* m = mask.empty() ? nullptr : mask.data();
         attention_isa(isa, s, q.data(), p.storage.view(1, p.table.blocks.data()), m, good.data(),

@@ -224,6 +224,15 @@ inline __m256 load_v8_masked(const V* x, int n) {
   return _mm256_load_ps(buf);
 }
 
+// The calling thread's float tile for K or V elements converted inside a kernel call (K rows
+// transposed for scoring, V halves or codes for a multi-pass Σ p·v): one buffer for both, as no
+// kernel call nests in another; it grows to the largest call and is kept.
+inline float* float_tile(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
 // --- attention scores -----------------------------------------------------------------------
 // The lanes hold 8 slots. A score is one FMA chain over the dims in order,
 //   acc = 0; acc = fma(q[r][d], k[slot][d], acc) for d = 0, 1, .., head_dim - 1,
@@ -354,10 +363,7 @@ void attn_scores_tiles_avx2(const float* q, int n_q, const KT* kt, int64_t tile_
 // zero) and scored as a tile - the same chains as from a cache's tiles.
 void attn_scores_avx2(const float* q, int n_q, const float* k, int64_t k_stride, int64_t n_rows,
                       int head_dim, float* s, int64_t ld_s, AttnPrefetch next) {
-  thread_local std::vector<float> tile_buf;
-  if (tile_buf.size() < static_cast<size_t>(head_dim) * kKTileSlots)
-    tile_buf.resize(static_cast<size_t>(head_dim) * kKTileSlots);
-  float* tile = tile_buf.data();  // [head_dim, 16]
+  float* tile = float_tile(static_cast<size_t>(head_dim) * kKTileSlots);  // [head_dim, 16]
   AttnPrefetchCursor pf(next, (n_rows + kKTileSlots - 1) / kKTileSlots * ((head_dim + 3) / 4));
   for (int64_t j0 = 0; j0 < n_rows; j0 += kKTileSlots) {
     const int64_t rows = std::min<int64_t>(kKTileSlots, n_rows - j0);
@@ -574,12 +580,10 @@ void accumulate_all(const float* p, int64_t ld_p, int n_q, const V* v, int64_t v
   const int passes = (n_q + kAccumulateRows - 1) / kAccumulateRows;
   if constexpr (!std::is_same_v<V, float>) {
     if (passes > 1) {
-      thread_local std::vector<float> tile_buf;
-      const size_t need = static_cast<size_t>(n_rows) * head_dim;
-      if (tile_buf.size() < need) tile_buf.resize(need);
-      rows_to_f32_avx2(v, v_stride, n_rows, head_dim, tile_buf.data());  // [n_rows, head_dim]
-      accumulate_all<kMerge, float>(p, ld_p, n_q, tile_buf.data(), head_dim, n_rows, head_dim, wo,
-                                    wn, out, next);
+      float* tile = float_tile(static_cast<size_t>(n_rows) * head_dim);  // [n_rows, head_dim]
+      rows_to_f32_avx2(v, v_stride, n_rows, head_dim, tile);
+      accumulate_all<kMerge, float>(p, ld_p, n_q, tile, head_dim, n_rows, head_dim, wo, wn, out,
+                                    next);
       return;
     }
   }
